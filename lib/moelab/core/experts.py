@@ -1,0 +1,310 @@
+"""Expert pools: stacked-weight FFN experts and PESC adapter experts, with growing pools.
+
+``StackedExperts`` stores all experts in 3-D tensors (expert axis outer, like transformers' Mixtral and MegaBlocks),
+so dispatch can run one grouped matmul. ``AdapterExperts`` wraps a frozen dense FFN E(x) (PESC, Wu et al. 2024, Eq. 3;
+MoCE uses the same experts per cluster). Growing pools (MASS) add/copy experts; :func:`optimizer_replace_param` and
+:func:`optimizer_copy_rows` keep torch optimiser state consistent when they do. Introduced in notebook ``00_primer``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["StackedExperts", "AdapterExperts", "grouped_linear", "ACTIVATIONS", "GATED",
+           "optimizer_replace_param", "optimizer_copy_rows"]
+
+# act name -> elementwise function; gated acts take [.., 2f] = [gate | up] (Mixtral's gate_up_proj order)
+ACTIVATIONS = {
+    "swiglu": F.silu, "geglu": F.gelu, "geglu_tanh": lambda h: F.gelu(h, approximate="tanh"),
+    "gelu": F.gelu, "gelu_tanh": lambda h: F.gelu(h, approximate="tanh"), "relu": F.relu,
+    "silu": F.silu, "silu_linear": F.silu,
+}
+GATED = {"swiglu", "geglu", "geglu_tanh"}
+
+
+def _check_act(act: str) -> str:
+    if act not in ACTIVATIONS:
+        raise ValueError(f"act must be one of {sorted(ACTIVATIONS)}, got {act!r}")
+    return act
+
+
+def apply_act(h: torch.Tensor, act: str) -> torch.Tensor:
+    """a(h): gated acts compute f(gate) * up with h = [gate | up]."""
+    if act in GATED:
+        gate, up = h.chunk(2, dim=-1)
+        return ACTIVATIONS[act](gate) * up                                  # SwiGLU: silu(x W_g) * (x W_u)
+    return ACTIVATIONS[act](h)
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the incoming gradient contiguous (grouped_mm's backward rejects expanded grads,
+    e.g. the stride-0 gradient of ``y.sum()``)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.contiguous()
+
+
+def _grouped_mm_ok(xs: torch.Tensor, w: torch.Tensor) -> bool:
+    if not hasattr(F, "grouped_mm") or xs.dtype != w.dtype:
+        return False
+    if xs.device.type == "cuda" and torch.cuda.get_device_capability(xs.device) < (8, 0):
+        return False
+    es = xs.element_size()
+    # 16-byte aligned base pointers and row strides (the kernel's requirement)
+    return (xs.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0 and (xs.shape[-1] * es) % 16 == 0
+            and (w.shape[-2] * es) % 16 == 0 and (w.shape[-1] * es) % 16 == 0)
+
+
+def grouped_linear(xs: torch.Tensor, w: torch.Tensor, counts: list[int], offs: torch.Tensor | None,
+                   bias: torch.Tensor | None = None, impl: str = "auto", expert_ids: torch.Tensor | None = None
+                   ) -> torch.Tensor:
+    """Rows of ``xs [S,in]`` sorted by expert (``counts[e]`` rows for expert e) times ``w[e]^T`` (``w [E,out,in]``).
+
+    impl: ``"grouped_mm"`` (``torch.nn.functional.grouped_mm``, one kernel; needs 16-byte aligned strides),
+    ``"loop"`` (one ``F.linear`` per non-empty expert), ``"auto"`` (grouped_mm when allowed, else loop).
+    """
+    if impl not in ("auto", "grouped_mm", "loop"):
+        raise ValueError(f"impl must be 'auto', 'grouped_mm' or 'loop', got {impl!r}")
+    use_gm = impl == "grouped_mm" or (impl == "auto" and _grouped_mm_ok(xs, w))
+    if use_gm and xs.shape[0] > 0:
+        if offs is None:
+            offs = torch.tensor(counts, device=xs.device).cumsum(0).to(torch.int32)
+        xs = xs.contiguous()
+        out = _ContiguousGrad.apply(F.grouped_mm(xs, w.transpose(-2, -1), offs=offs))   # [S,out]
+        if bias is not None:
+            if expert_ids is None:
+                expert_ids = torch.repeat_interleave(torch.arange(len(counts), device=xs.device),
+                                                     torch.tensor(counts, device=xs.device))
+            out = out + bias[expert_ids]
+        return out
+    outs = []
+    for e, chunk in enumerate(xs.split(counts)):
+        if chunk.shape[0]:
+            outs.append(F.linear(chunk, w[e], None if bias is None else bias[e]))
+    if not outs:
+        return xs.new_zeros(0, w.shape[1])
+    return torch.cat(outs)
+
+
+# --------------------------------------------------------------------------------------------- optimiser state
+_ROW_STATES = None  # any state tensor with the parameter's shape is treated as per-row (exp_avg, exp_avg_sq, momentum)
+
+
+def optimizer_replace_param(optimizer: torch.optim.Optimizer | None, old: nn.Parameter, new: nn.Parameter,
+                            src_rows) -> None:
+    """Swap ``old`` for ``new`` (grown along dim 0) in ``optimizer``, carrying its state.
+
+    ``src_rows[i]`` = row of ``old`` whose state new row i inherits, or -1 for fresh zero state. Scalar states
+    (Adam's ``step``) are kept. Used by :meth:`StackedExperts.grow` (MASS expansion).
+    """
+    if optimizer is None:
+        return
+    src = torch.as_tensor(src_rows, dtype=torch.long)
+    if src.shape[0] != new.shape[0]:
+        raise ValueError(f"src_rows has {src.shape[0]} entries, new parameter has {new.shape[0]} rows")
+    for group in optimizer.param_groups:
+        for i, p in enumerate(group["params"]):
+            if p is old:
+                group["params"][i] = new
+    if old in optimizer.state:
+        st = optimizer.state.pop(old)
+        new_st = {}
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor) and v.shape == old.shape:
+                nv = torch.zeros(new.shape, dtype=v.dtype, device=v.device)
+                keep = src >= 0
+                nv[keep.to(v.device)] = v[src[keep].to(v.device)]
+                new_st[k] = nv
+            else:
+                new_st[k] = v
+        optimizer.state[new] = new_st
+
+
+def optimizer_copy_rows(optimizer: torch.optim.Optimizer | None, param: nn.Parameter, src: int, dst: int,
+                        mode: str = "copy") -> None:
+    """After copying expert ``src`` into slot ``dst`` in place: copy (``mode="copy"``) or zero (``"zero"``) the
+    optimiser's per-row state of ``dst``."""
+    if optimizer is None or param not in optimizer.state:
+        return
+    if mode not in ("copy", "zero"):
+        raise ValueError(f"mode must be 'copy' or 'zero', got {mode!r}")
+    for v in optimizer.state[param].values():
+        if isinstance(v, torch.Tensor) and v.shape == param.shape:
+            if mode == "copy":
+                v[dst] = v[src]
+            else:
+                v[dst] = 0
+
+
+# --------------------------------------------------------------------------------------------- experts
+class StackedExperts(nn.Module):
+    """E FFN experts in stacked tensors: ``w_in [E, f (2f for gated acts), d]``, ``w_out [E, d, f]``,
+    optional ``b_in [E, f']``, ``b_out [E, d]``.
+
+    Expert e: y = W_out[e] a(W_in[e] x + b_in[e]) + b_out[e], a = SwiGLU / GELU / ... (``act``).
+    ``impl`` picks the grouped matmul (see :func:`grouped_linear`).
+    """
+
+    def __init__(self, num_experts: int, d_model: int, d_ff: int, act: str = "swiglu", bias: bool = False,
+                 init_std: float = 0.02, impl: str = "auto"):
+        super().__init__()
+        if num_experts < 1 or d_model < 1 or d_ff < 1:
+            raise ValueError(f"num_experts, d_model, d_ff must be >= 1, got {num_experts}, {d_model}, {d_ff}")
+        self.act = _check_act(act)
+        self.d_model, self.d_ff, self.impl = d_model, d_ff, impl
+        f_in = 2 * d_ff if act in GATED else d_ff
+        self.w_in = nn.Parameter(torch.randn(num_experts, f_in, d_model) * init_std)
+        self.w_out = nn.Parameter(torch.randn(num_experts, d_model, d_ff) * init_std)
+        if bias:
+            self.b_in = nn.Parameter(torch.zeros(num_experts, f_in))
+            self.b_out = nn.Parameter(torch.zeros(num_experts, d_model))
+        else:
+            self.b_in = self.b_out = None
+
+    @property
+    def num_experts(self) -> int:
+        return self.w_in.shape[0]
+
+    def extra_repr(self) -> str:
+        return f"num_experts={self.num_experts}, d_model={self.d_model}, d_ff={self.d_ff}, act={self.act!r}, bias={self.b_in is not None}"
+
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def forward_expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """Expert e on x [..., d] (the naive reference path)."""
+        h = F.linear(x, self.w_in[e], None if self.b_in is None else self.b_in[e])
+        return F.linear(apply_act(h, self.act), self.w_out[e], None if self.b_out is None else self.b_out[e])
+
+    def grouped_forward(self, xs: torch.Tensor, counts: list[int], offs: torch.Tensor | None = None,
+                        expert_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """xs [S,d] sorted by expert (counts[e] rows each) -> expert outputs [S,d]."""
+        h = grouped_linear(xs, self.w_in, counts, offs, self.b_in, self.impl, expert_ids)        # [S, f']
+        return grouped_linear(apply_act(h, self.act), self.w_out, counts, offs, self.b_out, self.impl, expert_ids)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """All experts on all tokens: x [T,d] -> [T,E,d] (soft merging / small pools)."""
+        return torch.stack([self.forward_expert(e, x) for e in range(self.num_experts)], dim=1)
+
+    def _params(self):
+        return [n for n in ("w_in", "w_out", "b_in", "b_out") if getattr(self, n) is not None]
+
+    @torch.no_grad()
+    def copy_expert(self, src: int, dst: int, optimizer: torch.optim.Optimizer | None = None,
+                    state: str = "copy") -> None:
+        """Copy expert ``src`` into slot ``dst`` (all its weights); optimiser rows copied or zeroed (``state``)."""
+        for e, nm in ((src, "src"), (dst, "dst")):
+            if not 0 <= e < self.num_experts:
+                raise ValueError(f"{nm}={e} out of range [0, {self.num_experts})")
+        for n in self._params():
+            p = getattr(self, n)
+            p[dst] = p[src]
+            optimizer_copy_rows(optimizer, p, src, dst, state)
+
+    def grow(self, n: int, copy_from: list[int] | None = None, optimizer: torch.optim.Optimizer | None = None
+             ) -> list[int]:
+        """Append n experts (copies of ``copy_from[i]``, or freshly initialised when None / -1). Parameters are
+        replaced by larger ones; pass ``optimizer`` to move its state along. Returns the new expert ids."""
+        if n < 1:
+            raise ValueError(f"grow needs n >= 1, got {n}")
+        if copy_from is not None and len(copy_from) != n:
+            raise ValueError(f"copy_from has {len(copy_from)} entries for n={n} new experts")
+        E = self.num_experts
+        src = list(range(E)) + (list(copy_from) if copy_from is not None else [-1] * n)
+        for name in self._params():
+            old = getattr(self, name)
+            extra = torch.zeros((n,) + old.shape[1:], dtype=old.dtype, device=old.device)
+            if name.startswith("w_"):
+                extra.normal_(0, float(old.detach().std()) if old.numel() > 1 else 0.02)
+            for i, s in enumerate(src[E:]):
+                if s is not None and s >= 0:
+                    extra[i] = old.detach()[s]
+            new = nn.Parameter(torch.cat([old.detach(), extra]), requires_grad=old.requires_grad)
+            setattr(self, name, new)
+            optimizer_replace_param(optimizer, old, new, [s if s is not None else -1 for s in src])
+        return list(range(E, E + n))
+
+
+class AdapterExperts(nn.Module):
+    """PESC adapter experts around a frozen dense FFN E (Wu et al. 2024, "Parameter-efficient sparsity crafting",
+    Sec. 3.2; notebook ``01_moce``): A_i(x) = E(x) + s * W_up^i act(W_down^i E(x)), W_up zero-initialised so every
+    expert equals the dense FFN at init. ``w_down [N, r, d]``, ``w_up [N, d, r]``; the dense FFN runs once per token
+    (``prepare``), the adapters run grouped on its output.
+    """
+
+    def __init__(self, dense_ffn: nn.Module, num_experts: int, rank: int = 64, scale: float = 1.0, act: str = "gelu",
+                 d_model: int | None = None, dropout: float = 0.0, impl: str = "auto"):
+        super().__init__()
+        if act in GATED:
+            raise ValueError(f"adapter act must be non-gated, got {act!r}")
+        self.act = _check_act(act)
+        if d_model is None:
+            d_model = _infer_d_model(dense_ffn)
+        self.dense = dense_ffn
+        for p in self.dense.parameters():
+            p.requires_grad_(False)
+        self.d_model, self.rank, self.scale, self.impl = d_model, rank, scale, impl
+        self.dropout = nn.Dropout(dropout)
+        self.w_down = nn.Parameter(torch.empty(num_experts, rank, d_model))
+        nn.init.kaiming_uniform_(self.w_down.view(-1, d_model), a=math.sqrt(5))   # nn.Linear's default init
+        self.w_up = nn.Parameter(torch.zeros(num_experts, d_model, rank))      # W_up = 0 at init
+
+    @property
+    def num_experts(self) -> int:
+        return self.w_down.shape[0]
+
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dense(x)                                                 # E(x), computed once per token [T,d]
+
+    def adapter(self, e: int, h: torch.Tensor) -> torch.Tensor:
+        return h + self.scale * F.linear(apply_act(F.linear(self.dropout(h), self.w_down[e]), self.act), self.w_up[e])
+
+    def forward_expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """A_e(x) = E(x) + s W_up^e act(W_down^e E(x))   (PESC Eq. 3)."""
+        return self.adapter(e, self.dense(x))
+
+    def grouped_forward(self, hs: torch.Tensor, counts: list[int], offs: torch.Tensor | None = None,
+                        expert_ids: torch.Tensor | None = None) -> torch.Tensor:
+        a = apply_act(grouped_linear(self.dropout(hs), self.w_down, counts, offs, None, self.impl), self.act)
+        return hs + self.scale * grouped_linear(a, self.w_up, counts, offs, None, self.impl)
+
+    @torch.no_grad()
+    def copy_expert(self, src: int, dst: int, optimizer=None, state: str = "copy") -> None:
+        for p in (self.w_down, self.w_up):
+            p[dst] = p[src]
+            optimizer_copy_rows(optimizer, p, src, dst, state)
+
+    def grow(self, n: int, copy_from: list[int] | None = None, optimizer=None) -> list[int]:
+        E = self.num_experts
+        src = list(range(E)) + (list(copy_from) if copy_from is not None else [-1] * n)
+        for name in ("w_down", "w_up"):
+            old = getattr(self, name)
+            extra = torch.zeros((n,) + old.shape[1:], dtype=old.dtype, device=old.device)
+            if name == "w_down":
+                nn.init.kaiming_uniform_(extra.view(-1, self.d_model), a=math.sqrt(5))
+            for i, s in enumerate(src[E:]):
+                if s >= 0:
+                    extra[i] = old.detach()[s]
+            new = nn.Parameter(torch.cat([old.detach(), extra]))
+            setattr(self, name, new)
+            optimizer_replace_param(optimizer, old, new, src)
+        return list(range(E, E + n))
+
+
+def _infer_d_model(ffn: nn.Module) -> int:
+    for name in ("down_proj", "fc2", "dense_out"):
+        m = getattr(ffn, name, None)
+        if isinstance(m, nn.Linear):
+            return m.out_features
+    lins = [m for m in ffn.modules() if isinstance(m, nn.Linear)]
+    if not lins:
+        raise ValueError(f"cannot infer d_model of {type(ffn).__name__}; pass d_model=")
+    return lins[-1].out_features

@@ -1,0 +1,190 @@
+"""Small helpers of the primer notebook ``notebooks/00_moe_primer.py`` (what an MoE layer does).
+
+Real model: all-MiniLM-L6-v2 (``moelab.assets``), sparsely upcycled with :func:`moelab.core.moeify`.
+Real data: WordNet 3.0 noun synsets (``moelab.assets.wordnet_dir``): (lemma, gloss) pairs for a short contrastive
+run, the sentence encoder's own training objective (in-batch negatives, Henderson et al. 2017 / sentence-transformers'
+MultipleNegativesRankingLoss), written here because it is five lines on top of our MoE layers' routing statistics.
+"""
+from __future__ import annotations
+
+import random
+import re
+import time
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from moelab.core import moe_layers
+from moelab.core.losses import load_balancing_loss
+
+__all__ = ["wordnet_gloss_pairs", "load_minilm_hf", "embed", "contrastive_loss_fn", "routing_table", "expert_load",
+           "load_imbalance", "two_vector_aggregation", "time_dispatch"]
+
+
+def wordnet_gloss_pairs(n: int, seed: int = 0, min_words: int = 3) -> list[tuple[str, str]]:
+    """``n`` (lemma, gloss) pairs from WordNet's noun synsets, shuffled with ``seed`` (gloss = text before the first
+    ';' or example quote; lemmas with underscores become spaces). One pair per synset, glosses of >= ``min_words``."""
+    from moelab.assets import wordnet_dir
+
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    pairs = []
+    with open(wordnet_dir() / "data.noun", encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            if line.startswith("  ") or "|" not in line:
+                continue  # licence header
+            head, gloss = line.split("|", 1)
+            f = head.split()
+            lemma = f[4].replace("_", " ")
+            lemma = re.sub(r"\(.*\)$", "", lemma)
+            g = re.split(r';|"', gloss.strip())[0].strip()
+            if len(g.split()) >= min_words and lemma.isascii():
+                pairs.append((lemma, g))
+    rng = random.Random(seed)
+    rng.shuffle(pairs)
+    if n > len(pairs):
+        raise ValueError(f"asked for {n} pairs, WordNet nouns give {len(pairs)}")
+    return pairs[:n]
+
+
+def load_minilm_hf():
+    """(BertModel, tokenizer) of the real all-MiniLM-L6-v2 in float32 (transformers' AutoModel)."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from moelab.assets import minilm_path
+
+    p = str(minilm_path())
+    return AutoModel.from_pretrained(p, dtype=torch.float32), AutoTokenizer.from_pretrained(p)
+
+
+def embed(model, tok, texts, max_length: int = 32, normalize: bool = True):
+    """Sentence embeddings as all-MiniLM-L6-v2 makes them: masked mean pooling, then L2 normalisation  [N, d].
+    Returns (embeddings, batch encoding) so callers can read the attention mask."""
+    dev = next(model.parameters()).device
+    enc = tok(list(texts), padding=True, truncation=True, max_length=max_length, return_tensors="pt").to(dev)
+    h = model(**enc).last_hidden_state                                    # [N,S,d]
+    m = enc["attention_mask"].unsqueeze(-1).to(h.dtype)                   # [N,S,1]
+    e = (h * m).sum(1) / m.sum(1).clamp_min(1e-9)                         # mean over real tokens   [N,d]
+    return (nn.functional.normalize(e, dim=-1) if normalize else e), enc
+
+
+def _layer_stats(model, mask):
+    """Per MoE layer: router logits of real tokens and the load f_e (fraction of token-slots per expert)."""
+    keep = mask.reshape(-1).bool()
+    out = []
+    for layer in moe_layers(model):
+        z = layer.last_router_logits                                      # [T,E]  (T = N*S, padding included)
+        idx = layer.last_route.indices[keep]                              # [T_real,k]
+        load = torch.bincount(idx.reshape(-1).clamp_min(0), minlength=layer.num_experts).float()
+        out.append((z, load / load.sum()))
+    return out
+
+
+def load_imbalance(load) -> np.ndarray:
+    """Coefficient of variation of expert load, std_e(f_e) / mean_e(f_e) (0 = perfectly balanced); works on [E] or
+    [..., E] arrays."""
+    f = np.asarray(load, dtype=float)
+    return f.std(-1) / f.mean(-1)
+
+
+def contrastive_loss_fn(tok, aux_coef: float = 0.0, scale: float = 20.0, max_length: int = 32):
+    """``loss_fn(model, batch)`` for :func:`moelab.train.train`: batch = list of (lemma, gloss) pairs.
+
+    L = CE(scale · cos(a_i, g_j), i)   (in-batch negatives)  + aux_coef · Σ_layers L_balance   where L_balance is the
+    Switch loss E Σ_e f_e P_e over real tokens (:func:`moelab.core.load_balancing_loss`). Metrics: the contrastive
+    loss, the balancing loss and each MoE layer's load imbalance (coefficient of variation of f_e)."""
+    if aux_coef < 0:
+        raise ValueError(f"aux_coef must be >= 0, got {aux_coef}")
+
+    def loss_fn(model, batch):
+        anchors, glosses = zip(*batch)
+        ea, enc_a = embed(model, tok, anchors, max_length)
+        stats_a = _layer_stats(model, enc_a["attention_mask"])
+        eg, enc_g = embed(model, tok, glosses, max_length)
+        stats_g = _layer_stats(model, enc_g["attention_mask"])
+        logits = scale * ea @ eg.T                                         # [B,B]
+        lc = nn.functional.cross_entropy(logits, torch.arange(len(batch), device=logits.device))
+        bal = []
+        metrics = {"contrastive": lc.detach()}
+        for i, ((za, la), (zg, lg)) in enumerate(zip(stats_a, stats_g)):
+            layer = moe_layers(model)[i]
+            bal.append(load_balancing_loss((za, zg), layer.num_experts, layer.top_k,
+                                           torch.cat([enc_a["attention_mask"].reshape(-1),
+                                                      enc_g["attention_mask"].reshape(-1)])))
+            metrics[f"imbalance_L{i}"] = float(load_imbalance(((la + lg) / 2).cpu().numpy()))
+        lb = torch.stack(bal).sum()
+        metrics["balance_loss"] = lb.detach()
+        return lc + aux_coef * lb, metrics
+
+    return loss_fn
+
+
+@torch.no_grad()
+def expert_load(model, tok, texts, batch_size: int = 32, max_length: int = 32) -> pd.DataFrame:
+    """Tidy expert load on real tokens: one row per (batch, layer, expert) with ``load`` = fraction of the batch's
+    token-slots routed to the expert."""
+    model.eval()
+    rows = []
+    for b in range(0, len(texts), batch_size):
+        _, enc = embed(model, tok, texts[b:b + batch_size], max_length)
+        for li, (_, load) in enumerate(_layer_stats(model, enc["attention_mask"])):
+            rows += [{"batch": b // batch_size, "layer": li, "expert": e, "load": float(v)} for e, v in enumerate(load)]
+    return pd.DataFrame(rows)
+
+
+@torch.no_grad()
+def routing_table(model, tok, text: str, layer: int = -1) -> pd.DataFrame:
+    """Router probabilities softmax(z) of every token of ``text`` at MoE layer ``layer`` with the kept top-k flag:
+    one row per (token, expert)."""
+    model.eval()
+    _, enc = embed(model, tok, [text])
+    lay = moe_layers(model)[layer]
+    probs = torch.softmax(lay.last_router_logits.float(), -1)             # [S,E]
+    kept = torch.zeros_like(probs, dtype=torch.bool).scatter_(1, lay.last_route.indices.clamp_min(0), True)
+    toks = tok.convert_ids_to_tokens(enc["input_ids"][0])
+    return pd.DataFrame([{"position": t, "token": toks[t], "expert": e, "prob": float(probs[t, e]),
+                          "kept": bool(kept[t, e])} for t in range(len(toks)) for e in range(probs.shape[1])])
+
+
+def two_vector_aggregation(angles_deg, weights=(0.5, 0.5), norms=(1.0, 1.0)) -> pd.DataFrame:
+    """Linear vs spherical (SBA) aggregation of two expert outputs at the given angles (2-D, so it can be drawn):
+    ``y_lin = w1 e1 + w2 e2`` vs ``moelab.core.aggregation.sba``. Returns norms of both and the expected linear norm
+    for equal unit vectors and weights, cos(θ/2) (SBA paper 001, Sec. III: the inward collapse)."""
+    from moelab.core.aggregation import linear, sba
+
+    rows = []
+    w = torch.tensor([list(weights)], dtype=torch.float64)
+    for a in angles_deg:
+        t = np.deg2rad(a)
+        e = torch.tensor([[[norms[0], 0.0], [norms[1] * np.cos(t), norms[1] * np.sin(t)]]], dtype=torch.float64)
+        yl, ys = linear(e, w)[0], sba(e, w)[0]
+        rows.append({"angle_deg": float(a), "linear_norm": float(yl.norm()), "sba_norm": float(ys.norm()),
+                     "mean_expert_norm": float((w[0] * e[0].norm(dim=-1)).sum()),
+                     "cos_half_angle": float(np.cos(t / 2)),
+                     "linear_x": float(yl[0]), "linear_y": float(yl[1]), "sba_x": float(ys[0]), "sba_y": float(ys[1])})
+    return pd.DataFrame(rows)
+
+
+def time_dispatch(layer, x, tokens_list, repeats: int = 3) -> pd.DataFrame:
+    """Wall time of the sorted grouped dispatch (:func:`moelab.core.moe_dispatch`) vs the per-token loop
+    (:func:`moelab.core.dispatch.naive_dispatch`) for a real MoE ``layer`` on real FFN inputs ``x [T,d]`` routed by
+    the layer's own router. One row per (tokens, impl, repeat), with the max abs difference of the two outputs."""
+    from moelab.core.dispatch import moe_dispatch, naive_dispatch
+
+    if max(tokens_list) > x.shape[0]:
+        raise ValueError(f"tokens_list asks for {max(tokens_list)} tokens, x has {x.shape[0]}")
+    rows = []
+    with torch.no_grad():
+        _, route = layer.route(x)
+        for T in tokens_list:
+            xt, idx, w = x[:T], route.indices[:T], route.weights[:T]
+            diff = float((moe_dispatch(xt, idx, w, layer.experts) - naive_dispatch(xt, idx, w, layer.experts)).abs().max())
+            for name, fn in (("grouped", moe_dispatch), ("naive_loop", naive_dispatch)):
+                for r in range(repeats):
+                    t0 = time.perf_counter()
+                    fn(xt, idx, w, layer.experts)
+                    rows.append({"tokens": T, "impl": name, "repeat": r, "seconds": time.perf_counter() - t0,
+                                 "max_abs_diff": diff})
+    return pd.DataFrame(rows)

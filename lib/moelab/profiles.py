@@ -1,0 +1,34 @@
+"""Run profiles shared by every notebook (foundation issue, item 4).
+
+- ``smoke``: under 3 minutes per notebook; what CI runs; writes to a scratch directory.
+- ``default``: the embedded default on a 2-core CPU (``make figures``); writes ``figures/<notebook>/``.
+- ``full``: every table and ablation a notebook implements, on CPU; writes ``figures/<notebook>/full/``.
+- ``paper``: the paper's own models/data/scale from local paths (usually GPUs); writes ``figures/<notebook>/paper/``.
+"""
+from __future__ import annotations
+
+PROFILES = ("smoke", "default", "full", "paper")
+
+
+def check_profile(name) -> str:
+    """Return ``name`` if it is a known profile, else raise ``ValueError`` naming it."""
+    if name not in PROFILES:
+        raise ValueError(f"unknown PROFILE {name!r}: expected one of {', '.join(PROFILES)}")
+    return name
+
+
+def select(profile: str, **per_profile):
+    """Pick the value for ``profile`` from keyword arguments named after profiles.
+
+    ``select("smoke", smoke=dict(steps=5), default=dict(steps=300), full=..., paper=...)``.
+    Every profile must be given (so a notebook states what each profile does); ``paper`` may be
+    ``None`` only if the notebook says the paper profile is configured elsewhere.
+    """
+    check_profile(profile)
+    unknown = set(per_profile) - set(PROFILES)
+    if unknown:
+        raise ValueError(f"select() got settings for unknown profile(s) {sorted(unknown)}; expected {PROFILES}")
+    missing = [p for p in PROFILES if p not in per_profile]
+    if missing:
+        raise ValueError(f"select() needs a setting for every profile; missing {missing}")
+    return per_profile[profile]

@@ -1,0 +1,125 @@
+"""Dropless grouped dispatch == naive per-token loop (forward and backward); expert pools and optimiser state."""
+import pytest
+import torch
+from torch import nn
+
+from moelab.core.dispatch import moe_dispatch, naive_dispatch
+from moelab.core.experts import AdapterExperts, StackedExperts
+
+torch.set_num_threads(1)
+
+
+def _route(T, k, E, seed=0, empty_expert=None, pad=False):
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
+    if empty_expert is not None:                                           # an expert that gets no token
+        idx = torch.where(idx == empty_expert, (idx + 1) % E, idx)
+        idx = torch.where(idx == empty_expert, (idx + 1) % E, idx)
+    w = torch.rand(T, k, generator=g)
+    if pad:
+        idx[::3, -1] = -1
+        w[::3, -1] = 0
+    return idx, w
+
+
+def _grads(fn, params):
+    out = fn()
+    (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+    gs = [p.grad.clone() for p in params]
+    for p in params:
+        p.grad = None
+    return out.detach(), gs
+
+
+@pytest.mark.parametrize("act,bias", [("swiglu", False), ("gelu", True), ("geglu_tanh", True)])
+@pytest.mark.parametrize("impl", ["grouped_mm", "loop"])
+def test_dispatch_equals_naive_forward_backward(act, bias, impl):
+    torch.manual_seed(0)
+    T, k, E, d, f = 11, 2, 5, 8, 12
+    ex = StackedExperts(E, d, f, act=act, bias=bias, impl=impl, init_std=0.3)
+    if bias:
+        with torch.no_grad():
+            ex.b_in.normal_()
+            ex.b_out.normal_()
+    x = torch.randn(T, d, requires_grad=True)
+    idx, w0 = _route(T, k, E, empty_expert=3, pad=True)
+    w = w0.clone().requires_grad_(True)
+    params = [x, w] + [p for p in ex.parameters()]
+    y, g = _grads(lambda: moe_dispatch(x, idx, w, ex), params)
+    y_ref, g_ref = _grads(lambda: naive_dispatch(x, idx, w, ex), params)
+    assert torch.allclose(y, y_ref, atol=1e-5)
+    for a, b in zip(g, g_ref):
+        assert torch.allclose(a, b, atol=1e-5)
+    assert (g[2][3] == 0).all()                                              # expert 3 got no token: zero grad
+    eo = moe_dispatch(x, idx, None, ex)                                      # unaggregated [T,k,d]
+    assert eo.shape == (T, k, d) and torch.allclose(eo, naive_dispatch(x, idx, None, ex), atol=1e-5)
+    assert (eo[::3, -1] == 0).all()                                          # empty slots are zero
+
+
+def test_grouped_mm_accepts_expanded_gradient():
+    ex = StackedExperts(4, 8, 16, impl="grouped_mm")
+    x = torch.randn(6, 8, requires_grad=True)
+    idx, w = _route(6, 2, 4)
+    moe_dispatch(x, idx, w, ex).sum().backward()                             # grad of sum() has stride 0
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_adapter_experts_pesc():
+    torch.manual_seed(0)
+    d = 8
+    dense = nn.Sequential(nn.Linear(d, 16), nn.GELU(), nn.Linear(16, d))
+    ad = AdapterExperts(dense, num_experts=4, rank=3, scale=0.5, d_model=d)
+    assert all(not p.requires_grad for p in dense.parameters())
+    x = torch.randn(7, d)
+    idx, w = _route(7, 2, 4)
+    w = w / w.sum(-1, keepdim=True)
+    assert torch.allclose(moe_dispatch(x, idx, w, ad), dense(x), atol=1e-6)   # W_up = 0: every expert = E(x)
+    with torch.no_grad():
+        ad.w_up.normal_()
+    ref = naive_dispatch(x, idx, w, ad)
+    assert torch.allclose(moe_dispatch(x, idx, w, ad), ref, atol=1e-5)
+    h = dense(x)                                                             # E(x) + s W_up act(W_down E(x))
+    e1 = h[0] + 0.5 * ad.w_up[1] @ torch.nn.functional.gelu(ad.w_down[1] @ h[0])
+    assert torch.allclose(ad.forward_expert(1, x[:1])[0], e1, atol=1e-5)
+
+
+def test_grow_and_copy_keep_optimizer_state():
+    torch.manual_seed(0)
+    ex = StackedExperts(3, 4, 6)
+    opt = torch.optim.Adam(ex.parameters(), lr=1e-2)
+    x = torch.randn(5, 4)
+    idx, w = _route(5, 2, 3)
+    moe_dispatch(x, idx, w, ex).pow(2).sum().backward()
+    opt.step()
+    old_state = {n: {k: v.clone() for k, v in opt.state[p].items()} for n, p in ex.named_parameters()}
+    new_ids = ex.grow(2, copy_from=[1, -1], optimizer=opt)
+    assert new_ids == [3, 4] and ex.num_experts == 5
+    assert torch.equal(ex.w_in[3], ex.w_in[1])
+    for n, p in ex.named_parameters():
+        st = opt.state[p]
+        assert any(q is p for q in opt.param_groups[0]["params"])
+        assert torch.equal(st["exp_avg"][:3], old_state[n]["exp_avg"])
+        assert torch.equal(st["exp_avg"][3], old_state[n]["exp_avg"][1])
+        assert (st["exp_avg"][4] == 0).all()
+    ex.copy_expert(0, 4, optimizer=opt, state="zero")
+    assert torch.equal(ex.w_out[4], ex.w_out[0]) and (opt.state[ex.w_out]["exp_avg_sq"][4] == 0).all()
+    idx5, w5 = _route(5, 2, 5)
+    opt.zero_grad()
+    moe_dispatch(x, idx5, w5, ex).pow(2).sum().backward()
+    opt.step()                                                               # works with the grown parameters
+
+
+def test_dispatch_bad_input():
+    ex = StackedExperts(4, 8, 16)
+    x = torch.randn(5, 8)
+    idx, w = _route(5, 2, 4)
+    with pytest.raises(ValueError, match="indices"):
+        moe_dispatch(x, idx + 4, w, ex)
+    with pytest.raises(ValueError, match="weights shape"):
+        moe_dispatch(x, idx, w[:, :1], ex)
+    with pytest.raises(ValueError, match="T=5"):
+        moe_dispatch(x, idx[:3], None, ex)
+    with pytest.raises(ValueError, match="floating"):
+        moe_dispatch(x.long(), idx, w, ex)
+    with pytest.raises(ValueError, match="act"):
+        StackedExperts(2, 4, 4, act="tanh")

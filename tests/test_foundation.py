@@ -1,0 +1,248 @@
+"""Foundation: profiles, cache atomicity, assets errors/checksums, figures/index, claims verdicts, runner, env pins."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import moelab
+from moelab import assets, cache, claims, profiles, stats
+from moelab.nbrun import NotebookRun, write_index
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------- profiles
+def test_profiles_select_and_errors():
+    assert profiles.select("full", smoke=1, default=2, full=3, paper=4) == 3
+    with pytest.raises(ValueError, match="'fast'"):
+        profiles.check_profile("fast")
+    with pytest.raises(ValueError, match="missing"):
+        profiles.select("smoke", smoke=1, default=2)
+    with pytest.raises(ValueError, match="unknown profile"):
+        profiles.select("smoke", smoke=1, default=2, full=3, paper=4, huge=5)
+
+
+def test_start_run_rejects_bad_profile(tmp_figures):
+    with pytest.raises(ValueError, match="'quick'"):
+        moelab.start_run("01_moce", profile="quick")
+    with pytest.raises(ValueError, match="SEED"):
+        moelab.start_run("01_moce", profile="smoke", seed=-1)
+
+
+# ---------------------------------------------------------------- cache
+def test_atomic_dir_interrupted_write_leaves_no_valid_entry(tmp_cache):
+    target = cache.cache_root() / "x" / "entry"
+    with pytest.raises(KeyboardInterrupt):
+        with cache.atomic_dir(target) as tmp:
+            (tmp / "half.bin").write_bytes(b"123")
+            raise KeyboardInterrupt  # interrupted mid-write
+    assert not target.exists() and not cache.is_complete(target)
+    assert list(target.parent.iterdir()) == []  # no temp debris either
+    with cache.atomic_dir(target) as tmp:
+        (tmp / "full.bin").write_bytes(b"ok")
+    assert cache.is_complete(target) and (target / "full.bin").read_bytes() == b"ok"
+
+
+def test_artifact_builds_once_and_keys_by_config(tmp_cache):
+    calls = []
+
+    def build(d):
+        calls.append(1)
+        (d / "v.txt").write_text("hi")
+
+    p1 = cache.artifact("demo", {"a": 1, "b": 2}, build)
+    p2 = cache.artifact("demo", {"b": 2, "a": 1}, build)
+    p3 = cache.artifact("demo", {"a": 2, "b": 2}, build)
+    assert p1 == p2 != p3 and len(calls) == 2
+    assert cache.memo("m", {"k": 1}, lambda: {"x": np.arange(3)})["x"].tolist() == [0, 1, 2]
+
+
+def test_artifact_failed_build_is_retried(tmp_cache):
+    def bad(d):
+        (d / "partial").write_text("x")
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        cache.artifact("demo", {"a": 1}, bad)
+    p = cache.artifact("demo", {"a": 1}, lambda d: (d / "ok").write_text("y"))
+    assert (p / "ok").exists() and not (p / "partial").exists()
+
+
+# ---------------------------------------------------------------- assets
+def test_checksum_mismatch_is_clear(tmp_cache, tmp_path):
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(b"not the real weights")
+    with pytest.raises(assets.ChecksumMismatch, match="minilm.*expected 53aa5117"):
+        assets.verify("minilm", f)
+
+
+def test_missing_asset_names_asset_and_command(tmp_cache, monkeypatch):
+    with pytest.raises(assets.MissingAsset, match=r"'bigbench'.*make assets"):
+        assets.bigbench_sdist()
+    monkeypatch.setenv("MOELAB_WORDNET_DIR", "/nonexistent")
+    with pytest.raises(assets.MissingAsset, match="wordnet"):
+        assets.wordnet_dir()
+    with pytest.raises(assets.MissingAsset, match="config.json"):
+        assets.load_causal_lm("/nonexistent/llama-2-7b")
+
+
+def test_interrupted_bigbench_download_is_not_used(tmp_cache, monkeypatch):
+    d = cache.cache_root() / "downloads"
+    (d / ".bigbench-download").mkdir(parents=True)
+    (d / ".bigbench-download" / "bigbench-1.0.0.tar.gz").write_bytes(b"half")  # a crashed download
+    with pytest.raises(assets.MissingAsset):
+        assets.bigbench_sdist()  # only a verified file at the final path counts
+
+
+def test_real_assets_load():
+    """The installed real assets (make assets) are found and verified."""
+    assert (assets.minilm_path() / "config.json").exists()
+    fm = assets.fashion_mnist()
+    assert fm["train_x"].shape == (60000, 28, 28) and fm["test_y"].max() == 9
+    assert (assets.wordnet_dir() / "data.noun").exists()
+    assert len(assets.humaneval_problems()) == 164
+    t = assets.bigbench_task("elementary_math_qa")
+    assert "examples" in t or "subtasks" in t or t
+    with pytest.raises(ValueError, match="no subtask"):
+        assets.bigbench_task("elementary_math_qa", "nope")
+    with pytest.raises(ValueError, match="kind"):
+        assets.e5_embed(["x"], kind="doc")
+
+
+# ---------------------------------------------------------------- figures, tables, index, provenance
+def test_run_outputs_index_and_provenance(tmp_figures):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    run = NotebookRun("09_demo", profile="default", seed=3)
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    png = run.savefig(fig, "fig2", "frontier", caption="demo")
+    assert png.exists() and png.with_suffix(".pdf").exists()
+    assert png.parent == tmp_figures / "figures" / "09_demo"
+    run.save_table(pd.DataFrame({"a": [1, 2]}), "table1", "main")
+    run.claims.shape("loss falls", "falls", "last < first", 0.5, True)
+    df = run.finish()
+    assert list(df.verdict) == ["reproduced"]
+    idx = (tmp_figures / "figures" / "INDEX.md").read_text()
+    assert "09_demo/fig2_frontier.png" in idx and "table1_main.csv" in idx and "| default |" in idx
+    prov = json.loads((png.parent / "provenance.json").read_text())
+    assert prov["seed"] == 3 and prov["profile"] == "default" and "torch" in prov["packages"] and prov["commit"]
+    with pytest.raises(ValueError, match="slug"):
+        run.savefig(fig, "fig2", "Bad Slug")
+    with pytest.raises(ValueError, match="Figure"):
+        run.savefig(None, "fig2", "x")
+    # full goes to full/, smoke never to figures/
+    assert NotebookRun("09_demo", "full").out_dir == tmp_figures / "figures" / "09_demo" / "full"
+    assert NotebookRun("09_demo", "smoke").out_dir == tmp_figures / "smoke" / "09_demo"
+
+
+# ---------------------------------------------------------------- claims
+def test_effect_verdicts():
+    rng = np.random.default_rng(0)
+    cs = claims.ClaimSet()
+    b = rng.normal(size=300)
+    assert cs.effect("A>B", "+1", b + 1.0, b + rng.normal(0, .1, 300))["verdict"] == "reproduced"
+    assert cs.effect("A>B", "+1", b - 1.0, b)["verdict"] == "contradicted"
+    assert cs.effect("A>B", "+1", b + rng.normal(0, 1, 300), b + rng.normal(0, 1, 300))["verdict"] in (
+        "inconclusive",)
+    assert cs.effect("loss A<B", "-", b - 1, b, higher_is_better=False)["verdict"] == "reproduced"
+    # seeds axis: [3 seeds, items]
+    a3 = np.stack([b + 1 + rng.normal(0, .1, 300) for _ in range(3)])
+    r = cs.effect("A>B seeds", "+", a3, np.stack([b] * 3))
+    assert r["verdict"] == "reproduced" and 0.9 < r["ours"] < 1.1
+
+
+def test_effect_interval_matches_naive_bootstrap():
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(1, 1, 50), rng.normal(0, 1, 50)
+    est, lo, hi = stats.paired_bootstrap(a, b, n_boot=4000, seed=0)
+    d = a - b
+    naive = [d[rng.integers(0, 50, 50)].mean() for _ in range(4000)]
+    assert abs(est - d.mean()) < 1e-12
+    assert abs(lo - np.quantile(naive, .025)) < 0.08 and abs(hi - np.quantile(naive, .975)) < 0.08
+
+
+def test_equivalence_bestof_and_errors():
+    cs = claims.ClaimSet()
+    assert cs.equivalence("ratio near 1", "≈1", np.full(50, 1.0) + np.linspace(-.01, .01, 50), 1.0, 0.05)[
+        "verdict"] == "reproduced"
+    assert cs.equivalence("ratio near 1", "≈1", np.full(50, 0.7), 1.0, 0.05)["verdict"] == "contradicted"
+    rng = np.random.default_rng(0)
+    sc = {"1%": rng.normal(0.5, .05, 100), "5%": rng.normal(0.6, .05, 100), "3%": rng.normal(0.55, .05, 100)}
+    assert cs.best_of("5% best", "5%", "5%", sc)["verdict"] == "reproduced"
+    assert cs.best_of("1% best", "1%", "1%", sc)["verdict"] == "contradicted"
+    assert cs.not_testable("needs Llama-2", "x", "no weights here")["verdict"] == "not testable"
+    with pytest.raises(ValueError, match="non-finite"):
+        cs.effect("nan", "", np.array([1.0, np.nan]), np.array([1.0, 2.0]))
+    with pytest.raises(ValueError, match="equal shapes"):
+        cs.effect("shape", "", np.ones(3), np.ones(4))
+    with pytest.raises(ValueError, match="tolerance"):
+        cs.equivalence("x", "", [1.0], 1.0, 0)
+
+
+# ---------------------------------------------------------------- environment pins and runner
+def _pins(lines):
+    out = {}
+    for line in lines:
+        line = line.strip().lstrip("- ").strip()
+        m = re.match(r"^([A-Za-z0-9_.\-\[\]]+)==([^\s;]+)", line)
+        if m:
+            out[m.group(1).lower()] = m.group(2)
+    return out
+
+
+def test_environment_yml_agrees_with_requirements():
+    req = _pins((ROOT / "requirements.txt").read_text().splitlines())
+    env_lines = (ROOT / "environment.yml").read_text().split("- pip:", 1)[1].splitlines()
+    env = _pins(env_lines)
+    assert req == env, set(req.items()) ^ set(env.items())
+    assert req["torch"] == "2.13.0"
+
+
+def test_runner_rejects_unknown_notebook_and_profile():
+    from moelab import notebooks
+
+    with pytest.raises(ValueError, match="no notebook matches"):
+        notebooks.discover(["99"])
+    r = subprocess.run([sys.executable, "-m", "moelab.notebooks", "run", "--profile", "turbo"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "turbo" in r.stderr
+
+
+def test_runner_executes_and_fails_loudly(tmp_path, tmp_figures, monkeypatch, capfd):
+    """A tiny notebook through the real papermill path: success, resume-skip, and a failing cell -> exit 1."""
+    from moelab import notebooks
+
+    nbdir = tmp_path / "nbs"
+    nbdir.mkdir()
+    (nbdir / "01_ok.py").write_text('# %% tags=["parameters"]\nPROFILE = "default"\nSEED = 0\n\n'
+                                    '# %%\nimport moelab\nrun = moelab.start_run("01_ok", profile=PROFILE, seed=SEED)\n'
+                                    'run.finish()\n')
+    (nbdir / "02_bad.py").write_text('# %% tags=["parameters"]\nPROFILE = "default"\nSEED = 0\n\n# %%\n1/0\n')
+    monkeypatch.setattr(notebooks, "NB_DIR", nbdir)
+    monkeypatch.setattr(notebooks, "RUNS", tmp_path / "runs")
+    args = ["run", "--profile", "smoke", "--no-progress"]
+    assert notebooks.main(args + ["--only", "01"]) == 0
+    assert (tmp_path / "runs" / "smoke" / "01_ok.ipynb").exists()
+    capfd.readouterr()
+    assert notebooks.main(args + ["--only", "01"]) == 0  # outputs current: skipped (resume)
+    assert "up to date" in capfd.readouterr().out
+    assert notebooks.main(args + ["--only", "02"]) == 1
+
+
+def test_notebook_sources_are_jupytext_percent():
+    for nb in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py")):
+        text = nb.read_text()
+        assert "# %%" in text, nb
+        assert 'tags=["parameters"]' in text, f"{nb.name} has no parameters cell"
+        assert re.search(r'^PROFILE\s*=', text, re.M), f"{nb.name} has no PROFILE parameter"
+        assert "start_run(" in text and "run.finish()" in text, f"{nb.name} does not record claims/provenance"
+    assert not list(ROOT.glob("notebooks/*.ipynb"))

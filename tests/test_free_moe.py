@@ -1,0 +1,253 @@
+"""Tests for moelab.free_moe (Free-MoE / DOWP, paper 004; notebook 05) against naive references on tiny Llama models."""
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from moelab import free_moe as fm
+
+
+# ---------------------------------------------------------------- fixtures ---------------------------------------
+def _tiny_llama(seed=0, hidden=32, inter=64, layers=2):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=300, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0)
+    return LlamaForCausalLM(cfg).eval()
+
+
+TEXTS = ["def add(a, b): return a + b", "What is 12 times 7? 84", "The capital of France is Paris.",
+         "for i in range(10): print(i)", "If x + 3 = 5 then x = 2", "Cats are mammals and birds lay eggs.",
+         "import math\nmath.sqrt(16)", "Solve 3y = 12: y = 4"]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
+    from transformers import PreTrainedTokenizerFast
+    t = Tokenizer(models.BPE(unk_token="<unk>"))
+    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    t.decoder = decoders.ByteLevel()
+    t.train_from_iterator(TEXTS * 5, trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<unk>"],
+                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=t, pad_token="<pad>", unk_token="<unk>", eos_token="<pad>")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return _tiny_llama()
+
+
+def _batches(tok):
+    return fm.tokenize_batches(tok, TEXTS, batch_size=3, max_length=64)
+
+
+# ---------------------------------------------------------------- calibration and Eq. 4 --------------------------
+def test_input_norms_match_all_tokens_naive(model, tok):
+    norms = fm.collect_input_norms(model, _batches(tok))
+    # naive: keep every token's input to each Linear, one unpadded sequence at a time
+    lin = fm.target_linears(model)
+    kept = {n: [] for n in lin}
+    hs = [m.register_forward_hook(lambda mod, inp, out, n=n: kept[n].append(inp[0].reshape(-1, inp[0].shape[-1])))
+          for n, m in lin.items()]
+    with torch.no_grad():
+        for t in TEXTS:
+            model(**tok(t, return_tensors="pt"))
+    for h in hs:
+        h.remove()
+    for n in lin:
+        X = torch.cat(kept[n]).double()                                 # [T, in] all calibration tokens
+        torch.testing.assert_close(norms.norm(n), X.norm(dim=0).float(), rtol=1e-4, atol=1e-5)
+        # Eq. 4 at 1x1 = Wanda's metric |W_ij| * ||X_j||_2
+        torch.testing.assert_close(fm.patch_importance(lin[n].weight, norms.norm(n), 1),
+                                   lin[n].weight.abs() * X.norm(dim=0).float()[None, :], rtol=1e-4, atol=1e-6)
+    assert norms.n_tokens == sum(len(tok(t)["input_ids"]) for t in TEXTS)
+
+
+@pytest.mark.parametrize("p", [2, 4, 16])
+def test_patch_importance_matches_loop(p):
+    g = torch.Generator().manual_seed(1)
+    W, x = torch.randn(32, 48, generator=g), torch.rand(48, generator=g)
+    M = fm.patch_importance(W, x, p)
+    ref = torch.zeros(32 // p, 48 // p)
+    for i in range(32 // p):
+        for j in range(48 // p):
+            for m in range(i * p, (i + 1) * p):
+                for n in range(j * p, (j + 1) * p):
+                    ref[i, j] += abs(W[m, n]) * x[n]                   # M_ij = Σ |W_mn| ||X_n||
+    torch.testing.assert_close(M, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_band_0_5_is_wanda_mask(model, tok):
+    norms = fm.collect_input_norms(model, _batches(tok))
+    ranks = fm.patch_ranks(model, norms, patch=1)
+    for sparsity in (5.0, 25.0, 50.0):
+        mask = fm.band_mask(ranks, (0.0, sparsity))
+        for n, lin in fm.target_linears(model).items():
+            # Wanda (locuslab/wanda lib/prune.py, unstructured): metric per output row, prune the lowest int(n*s)
+            metric = lin.weight.abs() * norms.norm(n)[None, :]
+            idx = torch.sort(metric, dim=-1, stable=True)[1][:, :int(metric.shape[1] * sparsity / 100)]
+            ref = torch.zeros_like(metric, dtype=torch.bool).scatter_(1, idx, True)
+            assert torch.equal(mask.element_mask(n), ref), n
+
+
+def test_bands_tile_the_ranking(model, tok):
+    ranks = fm.patch_ranks(model, fm.collect_input_norms(model, _batches(tok)), patch=2, scope="matrix")
+    total = {n: torch.zeros(r.shape, dtype=torch.int32) for n, r in ranks.ranks.items()}
+    for lo in range(0, 100, 5):
+        m = fm.band_mask(ranks, (lo, lo + 5))
+        for n in total:
+            total[n] += m.patch_mask(n).int()
+    assert all(bool((t == 1).all()) for t in total.values())     # every patch in exactly one band
+
+
+# ---------------------------------------------------------------- apply / remove ---------------------------------
+@pytest.mark.parametrize("patch,sub", [(1, "both"), (2, "mlp"), (16, "attn")])
+def test_apply_remove_bit_for_bit(tok, patch, sub):
+    model = _tiny_llama(seed=3)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ranks = fm.patch_ranks(model, fm.collect_input_norms(model, _batches(tok), sublayers=sub), patch, sub)
+    mask = fm.band_mask(ranks, (90, 100))
+    lin = fm.target_linears(model, sub)
+    assert set(mask.bits) == set(lin)
+    for n, b in mask.bits.items():                                  # packed: one bit per patch
+        assert b.dtype == np.uint8 and b.nbytes == math.ceil(lin[n].weight.numel() / patch ** 2 / 8)
+    h = fm.apply_mask(model, mask)
+    zeros = sum(int((lin[n].weight[mask.element_mask(n)] == 0).sum()) for n in lin)
+    assert zeros == mask.n_purified() > 0
+    changed = sum(int((model.state_dict()[k] != before[k]).sum()) for k in before)
+    assert 0 < changed <= mask.n_purified()
+    h.remove()
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    h.remove()                                                      # idempotent
+
+
+def test_mask_switcher_restores(model, tok):
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ranks = fm.patch_ranks(model, fm.collect_input_norms(model, _batches(tok)))
+    sw = fm.MaskSwitcher(model, {"a": fm.band_mask(ranks, (0, 5)), "b": fm.band_mask(ranks, (95, 100)), "c": None})
+    for key in ["a", "a", "b", "c", "a", None, "b"]:
+        sw.set(key)
+    assert sw.n_switches == 6
+    sw.close()
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    with pytest.raises(ValueError, match="zzz"):
+        sw.set("zzz")
+
+
+# ---------------------------------------------------------------- bad input --------------------------------------
+def test_value_errors(model, tok):
+    norms = fm.collect_input_norms(model, _batches(tok))
+    ranks = fm.patch_ranks(model, norms)
+    for band in [(-1, 5), (95, 101), (10, 10), (50, 40)]:
+        with pytest.raises(ValueError, match="band"):
+            fm.band_mask(ranks, band)
+    with pytest.raises(ValueError, match="does not divide"):
+        fm.patch_importance(torch.randn(30, 32), torch.rand(32), 4)
+    with pytest.raises(ValueError, match="does not divide"):
+        fm.patch_ranks(_tiny_llama(hidden=24, inter=40), norms, patch=16)
+    with pytest.raises(ValueError, match="no nn.Linear named"):
+        fm.target_linears(nn.Sequential(nn.Linear(4, 4)))
+    with pytest.raises(ValueError, match="sublayers"):
+        fm.target_linears(model, "ffn")
+    with pytest.raises(ValueError, match="no reference examples"):
+        fm.band_sweep(model, {"c0": ranks}, {"c0": []}, lambda m, it: np.zeros(len(it)), [(0, 5)])
+
+
+# ---------------------------------------------------------------- sweep, selection, table ------------------------
+def test_band_sweep_and_table(model, tok):
+    ranks = fm.patch_ranks(model, fm.collect_input_norms(model, _batches(tok)))
+    items = [dict(prompt=t[:10], answer=t[10:]) for t in TEXTS]
+    score = lambda m, it: fm.answer_logprob(m, tok, it, batch_size=4)
+    bands = [(0, 5), (50, 55), (95, 100)]
+    sw = fm.band_sweep(model, {"c0": ranks, "c1": ranks}, {"c0": items[:5], "c1": items[5:]}, score, bands)
+    assert set(sw.band) == {"base", "0-5%", "50-55%", "95-100%"} and len(sw) == 4 * 8
+    t = fm.sweep_table(sw)
+    assert list(t.columns) == ["cluster", "samples", "base", "0-5%", "50-55%", "95-100%", "max", "best_band", "share"]
+    assert t.samples.tolist() == [5, 3] and abs(t.share.sum() - 100) < 1e-9
+    best = fm.select_bands(sw, bands)
+    means = sw.groupby(["cluster", "band"]).score.mean()
+    for c, b in best.items():
+        assert means[(c, fm.band_label(b))] == max(means[(c, fm.band_label(x))] for x in bands)
+
+
+# ---------------------------------------------------------------- scoring vs naive --------------------------------
+def test_continuation_logprobs_match_naive(model, tok):
+    ctx, cont = [t[:12] for t in TEXTS], [t[12:] for t in TEXTS]
+    lp, n = fm.continuation_logprobs(model, tok, ctx, cont, batch_size=3)
+    for i in range(len(ctx)):
+        a = tok(ctx[i], add_special_tokens=False)["input_ids"]
+        b = tok(cont[i], add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            logits = model(torch.tensor([a + b])).logits[0]
+        ref = sum(torch.log_softmax(logits[len(a) + t - 1], -1)[b[t]].item() for t in range(len(b)))
+        assert abs(lp[i] - ref) < 1e-4 and n[i] == len(b)
+    items = [dict(prompt=ctx[0], choices=[cont[0], cont[1]], label=int(lp[0] < lp[1] * 0 + lp[0] - 1))]
+    assert fm.choice_accuracy(model, tok, items).shape == (1,)
+
+
+def test_pass_at_k_unbiased_matches_enumeration():
+    for n, c, k in [(5, 2, 1), (5, 2, 2), (6, 3, 4), (4, 0, 2), (3, 3, 1)]:
+        subsets = list(itertools.combinations(range(n), k))
+        ref = np.mean([any(i < c for i in s) for s in subsets])   # first c samples are the correct ones
+        assert abs(fm.pass_at_k(n, c, k) - ref) < 1e-12
+    with pytest.raises(ValueError):
+        fm.pass_at_k(3, 4, 1)
+
+
+# ---------------------------------------------------------------- subdomains and router ---------------------------
+def _blobs(n_per=30, centers=4, d=8, seed=0):
+    rng = np.random.default_rng(seed)
+    mu = rng.normal(0, 6, (centers, d))
+    X = np.concatenate([mu[c] + rng.normal(0, 0.5, (n_per, d)) for c in range(centers)]).astype(np.float32)
+    return X, np.repeat(np.arange(centers), n_per)
+
+
+def test_kmeans_eq3_nearest_centroid():
+    X, y = _blobs()
+    km = fm.fit_subdomains(X, 4, seed=0)
+    naive = np.argmin(((X[:, None, :] - km.cluster_centers_[None]) ** 2).sum(-1), 1)   # k = argmin ||F - μ_k||
+    assert (km.predict(X) == naive).all()
+    from sklearn.metrics import adjusted_rand_score
+    assert adjusted_rand_score(y, km.labels_) > 0.99
+    with pytest.raises(ValueError, match="k="):
+        fm.fit_subdomains(X[:3], 5)
+
+
+def test_multilevel_router():
+    X, y = _blobs(centers=4)
+    dom = np.where(y < 2, "code", "maths")
+    sub = np.array([f"{d}_{c % 2}" for d, c in zip(dom, y)])
+    r = fm.MultiLevelRouter().fit(X, dom, sub)
+    pd_, ps = r.predict(X)
+    assert (pd_ == dom).all() and (ps == sub).all()
+    with pytest.raises(ValueError, match="two main domains"):
+        fm.MultiLevelRouter().fit(X, ["a"] * len(X), sub)
+
+
+def test_embedding_features(model, tok):
+    F = fm.embedding_features(model, tok, TEXTS[:3])
+    E = model.get_input_embeddings().weight
+    ids = tok(TEXTS[1])["input_ids"]
+    assert F.shape == (3, 32)
+    np.testing.assert_allclose(F[1], E[ids].mean(0).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- paper profile path -----------------------------
+def test_paper_profile_local_path(tmp_path, tok):
+    from moelab.assets import MissingAsset
+    with pytest.raises(MissingAsset):
+        fm.load_local_model(None)
+    with pytest.raises(MissingAsset):
+        fm.load_local_model(tmp_path / "absent")
+    m = _tiny_llama(seed=5)
+    m.save_pretrained(tmp_path / "llama")
+    tok.save_pretrained(tmp_path / "llama")
+    m2, tok2 = fm.load_local_model(tmp_path / "llama")
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, m2.state_dict()[k])
+    assert len(fm.target_linears(m2)) == 2 * 7
