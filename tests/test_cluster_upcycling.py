@@ -330,3 +330,62 @@ def test_openclip_format_tiny(tmp_path):
     torch.save({"x": 1}, tmp_path / "bad.bin")
     with pytest.raises(ValueError, match="not an open_clip"):
         cu.load_openclip_mlps(tmp_path / "bad.bin")
+
+
+# ---------------------------------------------------------------- text pipeline on a tiny BERT sentence encoder
+@pytest.fixture(scope="module")
+def tiny_st(tmp_path_factory):
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+    from transformers import AutoTokenizer, BertConfig, BertModel
+    import moelab
+    try:
+        tok_dir = moelab.assets.minilm_path()
+    except moelab.assets.MissingAsset:
+        pytest.skip("MiniLM tokenizer not installed")
+    d = tmp_path_factory.mktemp("tinybert")
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, max_position_embeddings=64)).save_pretrained(d)
+    tok.save_pretrained(d)
+    tr = Transformer(str(d), max_seq_length=16)
+    return SentenceTransformer(modules=[tr, Pooling(32, "mean"), Normalize()], device="cpu")
+
+
+def test_infonce_equals_mnrl():
+    from sentence_transformers.util import cos_sim
+    emb = torch.randn(8, 5)
+    ref = torch.nn.functional.cross_entropy(20 * cos_sim(emb[:4], emb[4:]), torch.arange(4))
+    assert float(cu.infonce_loss(emb, 4)) == pytest.approx(float(ref), rel=1e-6)
+
+
+def test_run_text_condition_tiny(tiny_st):
+    words = "cat dog river music bank money tree house car road rain sun".split()
+    g = np.random.default_rng(0)
+    sent = lambda: " ".join(g.choice(words, 6))
+    pairs = [(s, s + " " + words[i % 12]) for i, s in enumerate(sent() for _ in range(48))]
+    calib = cu.calibration_inputs(tiny_st, [t for ab in pairs[:32] for t in ab], max_tokens=400, max_len=16)
+    assert list(calib) == [1] and calib[1].shape == (400, 32)
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for m in ("dense", "dense_long", "sparse", "cluster_eesd"):
+            out[m] = cu.run_text_condition(tiny_st, m, 0, pairs[:32], pairs[32:], [a for a, _ in pairs[32:]], calib,
+                                           steps=2, batch_size=8, max_len=16, num_experts=4)
+    res = list(out.values())
+    assert out["cluster_eesd"]["history"]["eesd"].notna().all()
+    assert out["dense"]["history"] is None and out["dense"]["analysis"] == {}
+    r1 = cu.r1_table(res)
+    assert len(r1) == 4 and r1["r1_avg"].between(0, 100).all()
+    assert cu.per_item_r1(res, "sparse").shape == (1, 16)
+    ana = cu.analysis_table(res)
+    assert set(ana["method"]) == {"sparse", "cluster_eesd"} and ana["utilisation_balance"].between(0, 1).all()
+    # sparse upcycling: identical experts at init; cluster-aware: more confident routing at init
+    init = ana[ana["when"] == "init"].set_index("method")
+    assert init.loc["sparse", "expert_similarity"] == pytest.approx(1.0, abs=1e-9)
+    assert init.loc["cluster_eesd", "routing_entropy"] < init.loc["sparse", "routing_entropy"]
+    assert len(cu.entropy_history(res)) == 4 and len(cu.init_table(res)) == 4
+    assert cu.utilisation_table(res)["share"].groupby([cu.utilisation_table(res)["method"]]).sum().round(6).eq(1).all()
+    # the dense model is untouched by building MoE copies
+    assert not any("experts" in n for n, _ in tiny_st.named_parameters())

@@ -32,7 +32,7 @@ def _grads(fn, params):
 
 
 @pytest.mark.parametrize("act,bias", [("swiglu", False), ("gelu", True), ("geglu_tanh", True)])
-@pytest.mark.parametrize("impl", ["grouped_mm", "loop"])
+@pytest.mark.parametrize("impl", ["grouped_mm", "loop", "fused", "auto"])
 def test_dispatch_equals_naive_forward_backward(act, bias, impl):
     torch.manual_seed(0)
     T, k, E, d, f = 11, 2, 5, 8, 12
@@ -121,5 +121,7 @@ def test_dispatch_bad_input():
         moe_dispatch(x, idx[:3], None, ex)
     with pytest.raises(ValueError, match="floating"):
         moe_dispatch(x.long(), idx, w, ex)
+    with pytest.raises(ValueError, match="dtype"):
+        moe_dispatch(x.double(), idx, w, ex)
     with pytest.raises(ValueError, match="act"):
         StackedExperts(2, 4, 4, act="tanh")

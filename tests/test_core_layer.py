@@ -85,6 +85,12 @@ def test_moe_layers_and_aux_loss_sum():
     assert len(ls) == 2 and torch.allclose(aux_loss(net), ls[0].aux_loss + ls[1].aux_loss)
 
 
+def test_empty_input():
+    m = MoELayer(8, 12, 4, 2)
+    y = m(torch.zeros(0, 8))
+    assert y.shape == (0, 8) and float(m.aux_loss) == 0.0
+
+
 def test_layer_bad_input():
     m = MoELayer(8, 12, 4, 2)
     with pytest.raises(ValueError, match="top_k=5"):

@@ -246,3 +246,26 @@ def test_notebook_sources_are_jupytext_percent():
         assert re.search(r'^PROFILE\s*=', text, re.M), f"{nb.name} has no PROFILE parameter"
         assert "start_run(" in text and "run.finish()" in text, f"{nb.name} does not record claims/provenance"
     assert not list(ROOT.glob("notebooks/*.ipynb"))
+
+
+def test_results_table_and_stale_report(tmp_figures, monkeypatch):
+    """README's results table is generated from claims files; changed sources are reported as stale."""
+    from moelab import nbrun, notebooks
+
+    run = NotebookRun("09_demo", profile="default")
+    run.claims.not_testable("needs Llama-2", "+2.1", "no weights here")
+    run.finish()
+    table = notebooks.results_table()
+    assert "| 09_demo | default | needs Llama-2 | +2.1 |" in table and "not testable" in table
+    readme = tmp_figures / "README.md"
+    readme.write_text(f"x\n{notebooks.BEGIN}\nold\n{notebooks.END}\ny\n")
+    assert notebooks.write_readme_results(readme)
+    assert "needs Llama-2" in readme.read_text() and "old" not in readme.read_text()
+    assert notebooks.stale_report(tmp_figures / "figures") == []
+    prov = tmp_figures / "figures" / "09_demo" / "provenance.json"
+    data = json.loads(prov.read_text())
+    first = next(iter(data["sources"]))
+    data["sources"][first] = "0" * 16  # as if the module changed after the figures were made
+    prov.write_text(json.dumps(data))
+    stale = notebooks.stale_report(tmp_figures / "figures")
+    assert stale and stale[0][0] == "09_demo" and first in stale[0][1]

@@ -242,7 +242,7 @@ def test_tokenize_long_instruction_is_truncated_with_answer_kept():
     tok = CharTok()
     out = moce.tokenize_example(tok, {"instruction": "x" * 500, "answer": "yes"}, max_len=64)
     assert out["truncated"] and len(out["input_ids"]) <= 64
-    assert (out["labels"] != -100).sum() == 4  # 'yes' + eos
+    assert (out["labels"] != -100).sum() == 5  # ' yes' + eos
     with pytest.raises(ValueError, match="max_len"):
         moce.tokenize_example(tok, {"instruction": "x", "answer": "y"}, max_len=8)
 
@@ -317,3 +317,27 @@ def test_paper_profile_path_runs_on_tiny_llama_and_local_data(tmp_path):
     res = moce.train_variant(model, moce.variant_spec("moce", 2, 2, rank=4), ex, val, layers=[1], steps=3,
                              batch_size=4, eval_every=1)
     assert np.isfinite(res.eval_history.val_loss).all()
+
+
+def test_trunk_memo_and_request_hook_match_plain_forward():
+    model = tiny_llama(layers=4)
+    moce.install(model, moce.variant_spec("moce", 2, 2, rank=4), [2, 3])
+    for m in moce.moce_layers(model):
+        torch.nn.init.normal_(m.experts.w_up, std=0.2)
+    ids = torch.randint(0, 64, (1, 9))
+    hook = moce.make_request_hook(model, lambda text: 1 if "beta" in text else 0)
+    hook("Question: alpha\nAnswer: 1\n\nQuestion: beta?\nAnswer:")
+    assert hook.seen and list(hook.seen.values()) == [1]
+    with torch.no_grad():
+        ref = model(ids).logits
+        with moce.trunk_memo(model, 2) as tm:
+            a = model(ids).logits
+            b = model(ids).logits
+        assert tm.misses == 1 and tm.hits == 1
+        assert torch.allclose(a, ref, atol=1e-6) and torch.allclose(b, ref, atol=1e-6)
+        moce.set_group_ids(model, [0])
+        with moce.trunk_memo(model, 2, memo=tm):  # shared memo, other group: trunk reused, top differs
+            c = model(ids).logits
+        assert tm.hits == 2 and not torch.allclose(c, ref)
+    assert len(moce.decoder_layers(model)) == 4
+    assert moce.context_instruction("Q1 text\nAnswer:") == "Q1 text"

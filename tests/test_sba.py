@@ -135,3 +135,137 @@ def test_expert_similarity():
         ex.w_in.normal_()
         ex.w_out.normal_()
     assert abs(sba.expert_similarity(L())) < 0.2
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the embedded MoE embedding model (real all-MiniLM-L6-v2)
+# ----------------------------------------------------------------------------------------------------------------------
+TEXTS = ["a man is playing a guitar", "the cat sat on the mat", "stock markets fell sharply today", "x"]
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    from moelab.assets import load_minilm
+
+    st = load_minilm()
+    st.max_seq_length = 128
+    return st
+
+
+def test_sparse_upcycled_minilm_equals_minilm_exactly(minilm):
+    ref = minilm.encode(TEXTS, convert_to_tensor=True)
+    st = sba.build_moe_minilm(init="sparse", renormalize=True)
+    torch.testing.assert_close(st.encode(TEXTS, convert_to_tensor=True), ref, atol=1e-5, rtol=1e-5)
+    from moelab.core.layer import moe_layers
+
+    assert len(moe_layers(st)) == 3  # layers 1, 3, 5
+    assert sba.moe_specialisation(st).expert_similarity.min() == pytest.approx(1.0, abs=1e-3)
+    # identical experts: SBA == linear (the two outputs are aligned)
+    sba.set_aggregation(st, "sba")
+    torch.testing.assert_close(st.encode(TEXTS, convert_to_tensor=True), ref, atol=1e-5, rtol=1e-5)
+    # nomic's unnormalised top-2 shrinks the FFN output by s = w1 + w2 < 1: no longer MiniLM
+    st2 = sba.build_moe_minilm(init="sparse", renormalize=False)
+    assert (st2.encode(TEXTS, convert_to_tensor=True) - ref).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="bogus"):
+        sba.set_aggregation(st, "bogus")
+
+
+def test_geometry_on_copies_and_padding_is_excluded():
+    st = sba.build_moe_minilm(init="sparse", renormalize=False)
+    texts = {"a": TEXTS[:2], "b": TEXTS[2:]}
+    geo, counts = sba.collect_geometry(st, sba.st_forward_fn(st, batch_size=4), texts)
+    n_real = {d: int(sum(st.tokenize(t)["attention_mask"].sum() for t in [v])) for d, v in texts.items()}
+    per = geo.groupby(["domain", "layer"]).size()
+    for (d, _), n in per.items():
+        assert n == n_real[d]  # one row per real token, padding left out
+    np.testing.assert_allclose(geo.angle_deg, 0.0, atol=0.1)  # copied experts: 0 degrees
+    np.testing.assert_allclose(geo.norm_ratio, 1.0, atol=1e-4)
+    np.testing.assert_allclose(geo.ratio_linear, geo.weight_sum, rtol=1e-4)  # only the weight sum shrinks
+    assert counts.groupby(["domain", "layer"])["count"].sum().eq(
+        pd.Series({k: 2 * v for k, v in n_real.items()}).reindex(
+            counts.groupby(["domain", "layer"])["count"].sum().index.get_level_values(0)).values).all()
+    j = sba.routing_jsd(counts)
+    assert (j.jsd_bits >= 0).all() and (j.jsd_bits <= 1 + 1e-9).all()
+
+
+def test_mnrl_loss_matches_sentence_transformers(minilm):
+    from sentence_transformers.losses import MultipleNegativesRankingLoss
+
+    pairs = [("a man plays guitar", "someone is playing music"), ("a cat sleeps", "an animal is resting"),
+             ("it rains", "the weather is wet")]
+    batch = sba.PairCollate(minilm.tokenize)(pairs)
+    minilm.eval()
+    for scale in (20.0, 1.0):
+        ours, m = sba.mnrl_loss(minilm, batch, scale=scale)
+        ref = MultipleNegativesRankingLoss(minilm, scale=scale)([batch["anchor"], batch["positive"]], None)
+        assert float(ours.detach()) == pytest.approx(float(ref.detach()), rel=1e-4, abs=1e-6)
+    assert m["aux"] == 0.0  # dense model: no balancing loss
+    triplets = [p + (n,) for p, n in zip(pairs, ["a dog barks", "nobody plays", "sunny day"])]
+    batch = sba.PairCollate(minilm.tokenize)(triplets)
+    ours, _ = sba.mnrl_loss(minilm, batch, scale=20.0)
+    ref = MultipleNegativesRankingLoss(minilm, scale=20.0)(
+        [batch["anchor"], batch["positive"], batch["negative"]], None)
+    assert float(ours.detach()) == pytest.approx(float(ref.detach()), rel=1e-4, abs=1e-6)
+    with pytest.raises(ValueError, match="lengths"):
+        sba.PairCollate(minilm.tokenize)([("a",)])
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# paper profile readers on tiny data in the upstream formats
+# ----------------------------------------------------------------------------------------------------------------------
+def _toy_encode(texts):
+    """Bag of characters (deterministic, no model)."""
+    out = np.zeros((len(texts), 64))
+    for i, t in enumerate(texts):
+        for ch in t.lower():
+            out[i, ord(ch) % 64] += 1
+    return out + 1e-3
+
+
+def test_paper_profile_readers(tmp_path):
+    from moelab.assets import MissingAsset
+
+    with pytest.raises(MissingAsset, match="all-nli"):
+        sba.load_allnli_triplets(tmp_path / "nope")
+    with pytest.raises(MissingAsset, match="STSBenchmark"):
+        sba.load_mteb_local(tmp_path / "nope")
+    nli = tmp_path / "all-nli" / "triplet"
+    nli.mkdir(parents=True)
+    pd.DataFrame({"anchor": ["a", "b"], "positive": ["c", "d"], "negative": ["e", "f"]}).to_parquet(
+        nli / "train-00000-of-00001.parquet")
+    assert sba.load_allnli_triplets(tmp_path / "all-nli") == [("a", "c", "e"), ("b", "d", "f")]
+    pd.DataFrame({"anchor": ["a"], "text": ["c"]}).to_parquet(nli / "dev-00000-of-00001.parquet")
+    with pytest.raises(ValueError, match="missing column"):
+        sba.load_allnli_triplets(tmp_path / "all-nli", split="dev")
+
+    root = tmp_path / "mteb"
+    for t in ("STSBenchmark", "StackExchangeClustering", "SprintDuplicateQuestions"):
+        (root / t).mkdir(parents=True)
+    pd.DataFrame({"sentence1": ["aaa", "abc", "xyz", "hello"], "sentence2": ["aab", "abd", "qqq", "help"],
+                  "score": [5.0, 4.0, 0.0, 3.0]}).to_json(root / "STSBenchmark" / "test.jsonl.gz", orient="records",
+                                                          lines=True, compression="gzip")
+    pd.DataFrame({"sentences": [["aaaa", "aaab", "zzzz", "zzzy"]], "labels": [["x", "x", "y", "y"]]}).to_json(
+        root / "StackExchangeClustering" / "test.jsonl.gz", orient="records", lines=True, compression="gzip")
+    pd.DataFrame({"sentence1": [["abc", "hello", "zzz"]], "sentence2": [["abd", "qqqq", "zzy"]],
+                  "labels": [[1, 0, 1]]}).to_json(root / "SprintDuplicateQuestions" / "test.jsonl.gz",
+                                                  orient="records", lines=True, compression="gzip")
+    tasks = sba.load_mteb_local(root)
+    res = sba.evaluate_mteb_local(_toy_encode, tasks).set_index("task").score
+    assert res["STSBenchmark"] > 0.5
+    assert res["StackExchangeClustering"] == pytest.approx(1.0)
+    assert res["SprintDuplicateQuestions"] == pytest.approx(1.0)
+
+
+@pytest.mark.slow
+def test_wordnet_subjects():
+    pytest.importorskip("moelab.assets")
+    from moelab.assets import MissingAsset
+
+    try:
+        d = sba.wordnet_subject_texts(num_subjects=20, per_subject=3)
+    except MissingAsset as e:
+        pytest.skip(str(e))
+    assert len(d) == 20 and all(len(v) == 3 for v in d.values())
+    assert all(":" in t for v in d.values() for t in v)
+    with pytest.raises(ValueError, match="num_subjects"):
+        sba.wordnet_subject_texts(num_subjects=0)

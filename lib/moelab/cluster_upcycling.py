@@ -403,13 +403,13 @@ class EESD:
             raise ValueError("EESD needs at least one MoE layer in the model")
         self.decay, self.weight, self.layers = decay, weight, list(layers)
         self.teachers = [copy.deepcopy(l).requires_grad_(False).eval() for l in self.layers]
-        self._io: dict[int, tuple] = {}
+        self._io: dict[int, list] = {}
         self._hooks = [l.register_forward_hook(self._hook(i)) for i, l in enumerate(self.layers)]
 
     def _hook(self, i):
         def fn(mod, args, out):
-            if mod.training or torch.is_grad_enabled():
-                self._io[i] = (args[0], out[0] if isinstance(out, tuple) else out)
+            if torch.is_grad_enabled():  # training forwards only (evaluation runs under no_grad)
+                self._io.setdefault(i, []).append((args[0], out[0] if isinstance(out, tuple) else out))
         return fn
 
     def loss(self) -> torch.Tensor:
@@ -417,8 +417,9 @@ class EESD:
         if not self._io:
             raise ValueError("EESD.loss() called before a forward pass through the MoE layers")
         total = 0.0
-        for i, (x, y) in self._io.items():
-            x2d, y2d = x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1])
+        for i, ios in self._io.items():  # every forward since the last loss() (e.g. anchors and positives)
+            x2d = torch.cat([x.reshape(-1, x.shape[-1]) for x, _ in ios])
+            y2d = torch.cat([y.reshape(-1, y.shape[-1]) for _, y in ios])
             with torch.no_grad():
                 target = dense_ensemble(self.teachers[i], x2d.detach())  # sg(y_ens(x))   [T, d]
             total = total + ((target - y2d) ** 2).sum(-1).mean()  # 1/T sum_x ||.||_2^2
@@ -479,7 +480,7 @@ def expert_similarity(layer) -> float:
     """Mean pairwise cosine similarity of the experts' flattened parameters ``[w_in_i; w_out_i]`` (panel 2)."""
     ex = _experts_module(layer)
     E = ex.w_in.shape[0]
-    v = F.normalize(torch.cat([ex.w_in.detach().reshape(E, -1), ex.w_out.detach().reshape(E, -1)], 1).float(), dim=1)
+    v = F.normalize(torch.cat([ex.w_in.detach().reshape(E, -1), ex.w_out.detach().reshape(E, -1)], 1).double(), dim=1)
     s = v @ v.T
     iu = torch.triu_indices(E, E, 1)
     return float(s[iu[0], iu[1]].mean())
@@ -554,3 +555,418 @@ def upcycle_openclip_mlps(blocks: dict, calib: dict, num_experts: int = 8, layer
                       b_out=None if b.get("b_out") is None else b["b_out"].float().expand(E, -1).clone(),
                       router=km.centroids, ranks=[r.rank for r in res])
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Text experiment: all-MiniLM-L6-v2 upcycled, continued contrastive training (notebook 03, main comparison)
+# ---------------------------------------------------------------------------------------------------------------
+METHODS = {
+    # name: (MoE?, initialiser, EESD?)
+    "dense": (False, None, False),  # the pretrained dense model, no further training
+    "dense_long": (False, None, False),  # dense, trained as long as the MoE models
+    "sparse": (True, "sparse", False),  # sparse upcycling (copies, random router)
+    "noise": (True, "noise", False),  # noise-injected copies
+    "drop": (True, "drop", False),  # Drop-Upcycling (50% re-initialised)
+    "cluster": (True, "cluster", False),  # cluster-aware init only (ablation)
+    "sparse_eesd": (True, "sparse", True),  # EESD only (ablation)
+    "cluster_eesd": (True, "cluster", True),  # cluster-aware upcycling (init + EESD): the paper's method
+}
+
+
+def _features(st, texts, max_len):
+    st.max_seq_length = max_len
+    return dict(st.tokenize(list(texts)))
+
+
+class PairBatches(torch.utils.data.Dataset):
+    """Index dataset over (anchor, positive) pairs; :meth:`collate` tokenises anchors and positives together
+    (one forward of 2B sentences per step, so routing statistics and aux losses cover both)."""
+
+    def __init__(self, st, pairs, max_len: int = 32):
+        if not pairs:
+            raise ValueError("no training pairs")
+        self.st, self.pairs, self.max_len = st, list(pairs), max_len
+
+    def __len__(self):
+        return len(self.pairs)
+
+    def __getitem__(self, i):
+        return self.pairs[i]
+
+    def collate(self, items):
+        a, p = zip(*items)
+        feats = _features(self.st, list(a) + list(p), self.max_len)
+        feats["n_pairs"] = len(a)
+        return feats
+
+
+def infonce_loss(emb: torch.Tensor, n: int, scale: float = 20.0) -> torch.Tensor:
+    """In-batch InfoNCE = sentence-transformers' MultipleNegativesRankingLoss (cosine, scale 20, anchor -> positive):
+    ``L = CE(scale * cos(a_i, p_j), j=i)``. ``emb`` [2n, h] = anchors then positives. Written out because the batch
+    carries anchors and positives in one forward (MNRL encodes them in two)."""
+    a = F.normalize(emb[:n], dim=-1)
+    p = F.normalize(emb[n:], dim=-1)
+    scores = scale * a @ p.T  # [n, n]
+    return F.cross_entropy(scores, torch.arange(n, device=emb.device))
+
+
+def _moe_entropy(model, mask) -> float | None:
+    from moelab.core import moe_layers
+
+    hs = []
+    for layer in moe_layers(model):
+        z = layer.last_router_logits
+        if z is None:
+            continue
+        m = mask.reshape(-1).bool() if mask is not None and mask.numel() == z.shape[0] else None
+        hs.append(routing_entropy(z[m] if m is not None else z))
+    return float(np.mean(hs)) if hs else None
+
+
+def make_loss_fn(aux_coef: float = 0.01, eesd: EESD | None = None):
+    """``loss_fn(model, batch)`` for :func:`moelab.train.train`: InfoNCE + aux_coef * balancing loss (+ EESD)."""
+    from moelab.core import aux_loss, moe_layers
+
+    def loss_fn(model, batch):
+        batch = dict(batch)
+        n = batch.pop("n_pairs")
+        out = model(batch)
+        loss = infonce_loss(out["sentence_embedding"], n)
+        metrics = {"infonce": loss.detach()}
+        if moe_layers(model):
+            bal = aux_loss(model)
+            loss = loss + aux_coef * bal
+            metrics["balance"] = bal.detach()
+            metrics["routing_entropy"] = _moe_entropy(model, batch.get("attention_mask"))
+        if eesd is not None:
+            le = eesd.loss()
+            loss = loss + le
+            metrics["eesd"] = le.detach()
+        return loss, metrics
+
+    return loss_fn
+
+
+def calibration_inputs(st, texts, layers="every_other", max_tokens: int = 8192, max_len: int = 32, batch: int = 64):
+    """FFN inputs x [T, d] of the dense MiniLM at the layers to be converted (padding dropped), via the core's
+    streamed :func:`moelab.core.collect_ffn_inputs` (poster Step 1's "collect FFN input activations X")."""
+    from moelab.core import collect_ffn_inputs
+
+    bert = st[0].auto_model
+    batches = (_features(st, texts[i:i + batch], max_len) for i in range(0, len(texts), batch))
+    return collect_ffn_inputs(bert, batches, layers=layers, max_tokens=max_tokens)
+
+
+def build_model(st_dense, method: str, calib: dict | None, seed: int, num_experts: int = 8, top_k: int = 2,
+                energy: float = 0.95, project: str = "in"):
+    """A fresh copy of the dense sentence encoder, converted per ``method`` (see :data:`METHODS`); returns
+    ``(model, cluster_init or None)``. Every other FFN -> MoE (layers 1, 3, 5), renormalised top-k."""
+    from moelab.core import moeify
+    from moelab.core.init import drop_init, noise_init
+
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; expected one of {list(METHODS)}")
+    is_moe, init, _ = METHODS[method]
+    torch.manual_seed(seed)
+    model = copy.deepcopy(st_dense)
+    ci = None
+    if is_moe:
+        if init == "cluster":
+            ci = ClusterAwareInit(energy=energy, project=project, seed=seed)
+            hook = ci
+        else:
+            hook = {"sparse": "sparse", "noise": noise_init(seed=seed), "drop": drop_init(seed=seed)}[init]
+        moeify(model[0].auto_model, "every_other", num_experts, top_k, init=hook,
+               calib_inputs=calib if init == "cluster" else None, renormalize=True)
+    return model, ci
+
+
+def trainable_ffn_params(model) -> list:
+    """Only the converted FFN sites train (MoE experts + routers; for dense models the same layers' FFN), for
+    a fair and CPU-affordable comparison; everything else stays frozen."""
+    from moelab.core.convert import ffn_sites
+
+    sites = ffn_sites(model[0].auto_model)
+    keep = set()
+    for s in sites[1::2]:
+        mods = [s.layer.output.dense] + ([] if isinstance(s.layer.intermediate, nn.Identity) or
+                                         not hasattr(s.layer.intermediate, "dense") else [s.layer.intermediate.dense])
+        for m in mods:
+            keep.update(id(p) for p in m.parameters())
+    params = []
+    for p in model.parameters():
+        p.requires_grad_(id(p) in keep)
+        if id(p) in keep:
+            params.append(p)
+    return params
+
+
+@torch.no_grad()
+def encode(model, texts, batch_size: int = 128, max_len: int = 32) -> torch.Tensor:
+    """L2-normalised sentence embeddings [N, h] (mean pooling + Normalize, as all-MiniLM-L6-v2)."""
+    model.eval()
+    model.max_seq_length = max_len
+    return model.encode(list(texts), batch_size=batch_size, convert_to_tensor=True, normalize_embeddings=True,
+                        show_progress_bar=False).float().cpu()
+
+
+def retrieval_r1(model, pairs, max_len: int = 32) -> dict:
+    """Recall@1 both ways on held-out pairs (the MSCOCO I->T / T->I analogue): per-item 0/1 arrays."""
+    a = encode(model, [x for x, _ in pairs], max_len=max_len)
+    p = encode(model, [y for _, y in pairs], max_len=max_len)
+    s = a @ p.T  # cosine similarities [N, N]
+    idx = torch.arange(len(pairs))
+    return {"a2p": (s.argmax(1) == idx).float().numpy(), "p2a": (s.argmax(0) == idx).float().numpy()}
+
+
+@torch.no_grad()
+def moe_analyses(model, texts, max_len: int = 32) -> dict:
+    """The poster's analysis panels on held-out sentences, per MoE layer: relative compactness (panel 1), expert
+    parameter similarity (2), routing entropy (3), expert utilisation (4). Padding tokens excluded."""
+    from moelab.core import moe_layers
+
+    layers = moe_layers(model)
+    if not layers:
+        return {}
+    store = {i: [] for i in range(len(layers))}
+    hooks = [l.register_forward_hook(lambda m, a, o, i=i: store[i].append(a[0].reshape(-1, a[0].shape[-1])))
+             for i, l in enumerate(layers)]
+    xs, logits, mask = {i: [] for i in store}, {i: [] for i in store}, []
+    model.eval()
+    try:
+        for j in range(0, len(texts), 64):
+            feats = _features(model, texts[j:j + 64], max_len)
+            model(feats)
+            m = feats["attention_mask"].reshape(-1).bool()
+            for i, l in enumerate(layers):
+                xs[i].append(store[i].pop()[m])
+                logits[i].append(l.last_router_logits[m])
+    finally:
+        for h in hooks:
+            h.remove()
+    out = {"relative_compactness": [], "expert_similarity": [], "routing_entropy": [], "utilisation": []}
+    for i, l in enumerate(layers):
+        x, z = torch.cat(xs[i]), torch.cat(logits[i])
+        E = z.shape[1]
+        top = z.topk(l.top_k, dim=-1).indices
+        out["relative_compactness"].append(relative_compactness(x, top[:, 0], E))
+        out["expert_similarity"].append(expert_similarity(l))
+        out["routing_entropy"].append(routing_entropy(z))
+        out["utilisation"].append(expert_utilisation(top, E))
+    return out
+
+
+def run_text_condition(st_dense, method: str, seed: int, train_pairs, test_pairs, probe_texts, calib, *,
+                       steps: int, batch_size: int = 16, lr: float = 1e-4, max_len: int = 32, energy: float = 0.95,
+                       eesd_decay: float = 0.95, eesd_weight: float = 0.1, aux_coef: float = 0.01,
+                       benchmarks=None, num_experts: int = 8, top_k: int = 2) -> dict:
+    """One cell of the zero-shot table analogue (notebook 03): build, (train), evaluate, analyse.
+
+    Returns plain data: per-item R@1 both ways, suite benchmark scores, training history (with routing entropy per
+    step), analyses at initialisation and after training, the cluster-aware init log.
+    """
+    from moelab.train import TrainConfig, train
+    from moelab.seed import seed_everything
+
+    seed_everything(seed)
+    model, ci = build_model(st_dense, method, calib, seed, num_experts, top_k, energy)
+    res = {"method": method, "seed": seed, "init_log": ci.log if ci else None}
+    res["analysis_init"] = moe_analyses(model, probe_texts, max_len)
+    hist = None
+    if method != "dense":
+        params = trainable_ffn_params(model)
+        eesd = EESD(model, decay=eesd_decay, weight=eesd_weight) if METHODS[method][2] else None
+        ds = PairBatches(model, train_pairs, max_len)
+        g = torch.Generator().manual_seed(seed)
+        loader = torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=True, drop_last=True,
+                                             collate_fn=ds.collate, generator=g)
+        cfg = TrainConfig(lr=lr, steps=steps, warmup_frac=0.1, decay="linear", seed=seed, log_every=5,
+                          max_grad_norm=1.0, progress=False, desc=f"{method} s{seed}")
+        hooks = {"after_step": (lambda step, m: eesd.update())} if eesd else None
+        out = train(model, loader, loss_fn=make_loss_fn(aux_coef, eesd), cfg=cfg, hooks=hooks,
+                    param_groups=[{"params": params, "weight_decay": 0.0}])
+        model, hist = out.model, out.history
+        if eesd:
+            eesd.remove()
+    res["history"] = hist
+    res["analysis"] = moe_analyses(model, probe_texts, max_len)
+    res["r1"] = retrieval_r1(model, test_pairs, max_len)
+    if benchmarks is not None:
+        from moelab.suite import embed
+        res["benchmarks"] = embed.evaluate(lambda t: encode(model, t, max_len=max_len).numpy(), benchmarks)
+    return res
+
+
+def cached_calibration(st, texts, max_tokens: int, max_len: int = 32) -> dict:
+    """:func:`calibration_inputs` through ``moelab.cache.memo`` (keyed by the texts, token budget and length)."""
+    from moelab import cache
+
+    cfg = {"model": "all-MiniLM-L6-v2", "texts": cache.key(list(texts)), "n": len(texts), "max_tokens": max_tokens,
+           "max_len": max_len, "layers": "every_other"}
+    return cache.memo("03_minilm_ffn_inputs", cfg, lambda: calibration_inputs(st, texts, max_tokens=max_tokens,
+                                                                              max_len=max_len))
+
+
+def text_experiment(st, pairs: dict, methods, seeds, *, calib_texts: int, calib_tokens: int, n_test: int,
+                    n_probe: int, benchmarks=None, use_cache: bool = True, **kw) -> list[dict]:
+    """Every (method, seed) cell of notebook 03's text experiment, each cached by its configuration.
+
+    ``pairs``: ``moelab.suite.embed.pairs(profile)`` (train / test splits). Calibration sentences are the first
+    ``calib_texts`` training anchors and positives; evaluation uses the first ``n_test`` test pairs and the analyses
+    ``n_probe`` test anchors (never trained on). ``kw`` go to :func:`run_text_condition`.
+    """
+    from moelab import cache
+
+    train_pairs, test_pairs = list(pairs["train"]), list(pairs["test"])[:n_test]
+    if len(test_pairs) < 2:
+        raise ValueError(f"need at least 2 test pairs, got {len(test_pairs)}")
+    texts = [t for ab in train_pairs[:calib_texts] for t in ab]
+    calib = cached_calibration(st, texts, calib_tokens, kw.get("max_len", 32))
+    probe = [a for a, _ in test_pairs[:n_probe]]
+    data_key = cache.key([train_pairs, test_pairs])
+    out = []
+    for method in methods:
+        for seed in seeds:
+            cfg = {"method": method, "seed": seed, "data": data_key, "calib_texts": calib_texts,
+                   "calib_tokens": calib_tokens, "n_probe": n_probe,
+                   "benchmarks": None if benchmarks is None else sorted(benchmarks), **kw}
+
+            def compute(method=method, seed=seed):
+                return run_text_condition(st, method, seed, train_pairs, test_pairs, probe, calib,
+                                          benchmarks=benchmarks, **kw)
+
+            out.append(cache.memo("03_text_condition", cfg, compute) if use_cache else compute())
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tidy tables from the experiment's results (notebook 03)
+# ---------------------------------------------------------------------------------------------------------------
+def r1_table(results) -> "pd.DataFrame":
+    """Per (method, seed): R@1 anchor->positive, positive->anchor and their average, in percent."""
+    import pandas as pd
+
+    rows = [{"method": r["method"], "seed": r["seed"], "r1_a2p": 100 * r["r1"]["a2p"].mean(),
+             "r1_p2a": 100 * r["r1"]["p2a"].mean(), "r1_avg": 50 * (r["r1"]["a2p"].mean() + r["r1"]["p2a"].mean())}
+            for r in results]
+    return pd.DataFrame(rows)
+
+
+def per_item_r1(results, method: str) -> np.ndarray:
+    """[seeds, items] average of both directions' 0/1 hits (for ``run.claims.effect``), seeds in order."""
+    rs = sorted((r for r in results if r["method"] == method), key=lambda r: r["seed"])
+    if not rs:
+        raise ValueError(f"no results for method {method!r}")
+    return np.stack([(r["r1"]["a2p"] + r["r1"]["p2a"]) / 2 for r in rs])
+
+
+def benchmark_table(results) -> "pd.DataFrame":
+    """Mean suite benchmark score per (method, seed, benchmark[, metric])."""
+    import pandas as pd
+
+    frames = []
+    for r in results:
+        df = r.get("benchmarks")
+        if df is None or len(df) == 0:
+            continue
+        keys = [c for c in ("benchmark", "task", "name", "metric") if c in df.columns]
+        g = df.groupby(keys, as_index=False)["score"].mean() if keys else pd.DataFrame({"score": [df["score"].mean()]})
+        g.insert(0, "seed", r["seed"])
+        g.insert(0, "method", r["method"])
+        frames.append(g)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def analysis_table(results) -> "pd.DataFrame":
+    """Panels 1, 2 and final routing entropy per (method, seed, when, moe layer), plus utilisation balance
+    (normalised entropy of the utilisation distribution; 1 = perfectly balanced) and max share."""
+    import pandas as pd
+
+    rows = []
+    for r in results:
+        for when in ("init", "final"):
+            a = r["analysis_init"] if when == "init" else r["analysis"]
+            for li in range(len(a.get("relative_compactness", []))):
+                u = np.asarray(a["utilisation"][li])
+                nz = u[u > 0]
+                rows.append({"method": r["method"], "seed": r["seed"], "when": when, "moe_layer": li,
+                             "relative_compactness": a["relative_compactness"][li],
+                             "expert_similarity": a["expert_similarity"][li],
+                             "routing_entropy": a["routing_entropy"][li],
+                             "utilisation_balance": float(-(nz * np.log(nz)).sum() / np.log(len(u))),
+                             "max_share": float(u.max())})
+    return pd.DataFrame(rows)
+
+
+def utilisation_table(results) -> "pd.DataFrame":
+    """Final share of top-k assignments per (method, seed, moe layer, expert)."""
+    import pandas as pd
+
+    rows = [{"method": r["method"], "seed": r["seed"], "moe_layer": li, "expert": e, "share": float(s)}
+            for r in results for li, u in enumerate(r["analysis"].get("utilisation", [])) for e, s in enumerate(u)]
+    return pd.DataFrame(rows)
+
+
+def entropy_history(results) -> "pd.DataFrame":
+    """Routing entropy (normalised, mean over MoE layers) per training step, per (method, seed)."""
+    import pandas as pd
+
+    frames = []
+    for r in results:
+        h = r.get("history")
+        if h is None or "routing_entropy" not in h:
+            continue
+        frames.append(pd.DataFrame({"method": r["method"], "seed": r["seed"], "step": h["step"],
+                                    "routing_entropy": h["routing_entropy"]}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def init_table(results) -> "pd.DataFrame":
+    """Cluster-aware init diagnostics per (seed, moe layer, expert): cluster size, rank r_i, energy kept, jitter."""
+    import pandas as pd
+
+    rows = []
+    for r in results:
+        for rec in r.get("init_log") or []:
+            for e, size in enumerate(rec["sizes"]):
+                rows.append({"method": r["method"], "seed": r["seed"], "moe_layer": rec["layer"], "expert": e,
+                             "cluster_size": size, "rank": rec["ranks"][e] if rec["ranks"] else None,
+                             "energy_kept": rec["energy_kept"][e] if rec["energy_kept"] else None,
+                             "rel_err_own_cluster": rec["rel_err"][e] if rec["rel_err"] else None,
+                             "jitter": rec["jitter"][e] if rec["jitter"] else None})
+    return pd.DataFrame(rows)
+
+
+def plot_analysis_panels(analysis, entropy, utilisation, methods=None):
+    """The poster's four analysis panels from the tidy tables (notebook 03): relative compactness, expert
+    similarity (final, mean over layers, one dot per seed), routing entropy over steps, final expert utilisation."""
+    import matplotlib.pyplot as plt
+
+    fin = analysis[analysis["when"] == "final"]
+    methods = methods or list(dict.fromkeys(fin["method"]))
+    fig, ax = plt.subplots(1, 4, figsize=(17, 3.6))
+    for j, col in enumerate(("relative_compactness", "expert_similarity")):
+        per = fin.groupby(["method", "seed"], as_index=False)[col].mean()
+        for i, m in enumerate(methods):
+            v = per[per["method"] == m][col]
+            ax[j].scatter([i] * len(v), v, s=18)
+            ax[j].bar(i, v.mean(), alpha=0.35)
+        ax[j].set_xticks(range(len(methods)), methods, rotation=30, ha="right")
+        ax[j].set_title(col.replace("_", " ") + " (lower = more specialised)")
+    if len(entropy):
+        for m in methods:
+            e = entropy[entropy["method"] == m].groupby("step")["routing_entropy"].mean()
+            if len(e):
+                ax[2].plot(e.index, e.values, label=m)
+        ax[2].legend(fontsize=7)
+    ax[2].set(title="routing entropy / log E (train batches)", xlabel="step")
+    u = utilisation.groupby(["method", "expert"])["share"].mean().unstack("expert")
+    u = u.reindex([m for m in methods if m in u.index])
+    w = 0.8 / max(1, len(u))
+    for i, (m, row) in enumerate(u.iterrows()):
+        ax[3].bar(np.arange(len(row)) + i * w, row.values, width=w, label=m)
+    ax[3].axhline(1 / max(1, u.shape[1]), color="k", lw=0.8, ls="--")
+    ax[3].set(title="expert utilisation (final, mean over layers, seeds)", xlabel="expert")
+    ax[3].legend(fontsize=7)
+    fig.tight_layout()
+    return fig

@@ -446,25 +446,45 @@ def continuation_logprobs(model: nn.Module, tok, contexts: Sequence[str], contin
     return logp, ntok
 
 
+@torch.no_grad()
+def choice_logprobs(model: nn.Module, tok, prompt: str, choices: Sequence[str], max_length: int = 512) -> np.ndarray:
+    """Σ log p(choice tokens | prompt) for each choice, running the shared prompt once: its KV cache is repeated
+    over the choices (the same numbers as :func:`continuation_logprobs`, ~c times less prompt compute)."""
+    device = next(model.parameters()).device
+    ci = tok(prompt, add_special_tokens=False)["input_ids"]
+    xs = [tok(c, add_special_tokens=False)["input_ids"] for c in choices]
+    if any(len(x) == 0 for x in xs):
+        raise ValueError(f"empty choice among {list(choices)!r}")
+    ci = ci[-(max_length - max(map(len, xs))):]
+    out = model(input_ids=torch.tensor([ci], device=device), use_cache=True)
+    first = torch.log_softmax(out.logits[0, -1].float(), -1)                         # p(x_1 | prompt)
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(len(xs))
+    L = max(map(len, xs))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    ids = torch.full((len(xs), L), pad, dtype=torch.long)
+    for r, x in enumerate(xs):
+        ids[r, :len(x)] = torch.tensor(x)
+    am = torch.cat([torch.ones(len(xs), len(ci), dtype=torch.long), torch.ones_like(ids)], 1)   # right pads: causal, never attended by real tokens
+    lp = torch.log_softmax(model(input_ids=ids.to(device), attention_mask=am.to(device), past_key_values=cache,
+                                 use_cache=False).logits.float(), -1)                # [c, L, V]
+    res = np.zeros(len(xs))
+    for r, x in enumerate(xs):
+        tail = lp[r, :len(x) - 1].gather(1, torch.tensor(x[1:], device=lp.device)[:, None]).sum().item()
+        res[r] = first[x[0]].item() + tail                                            # Σ_t log p(x_t | prompt, x_<t)
+    return res
+
+
 def choice_accuracy(model: nn.Module, tok, items: Sequence[dict], batch_size: int = 16,
                     max_length: int = 512) -> np.ndarray:
     """Per-item accuracy (0/1) of multiple-choice items ``dict(prompt, choices: list[str], label: int)``: the choice
-    with the highest summed log-likelihood wins (lm-eval's ``acc``)."""
-    ctx, cont, owner = [], [], []
+    with the highest summed log-likelihood wins (lm-eval's ``acc``; same prompt + " " + choice format)."""
+    acc = np.zeros(len(items))
     for k, it in enumerate(items):
         if not it.get("choices"):
             raise ValueError(f"item {k} has no choices")
-        for ch in it["choices"]:
-            ctx.append(it["prompt"])
-            cont.append(ch)
-            owner.append(k)
-    if not ctx:
-        return np.zeros(0)
-    lp, _ = continuation_logprobs(model, tok, ctx, cont, batch_size, max_length)
-    owner = np.array(owner)
-    acc = np.zeros(len(items))
-    for k, it in enumerate(items):
-        acc[k] = float(int(np.argmax(lp[owner == k])) == int(it["label"]))
+        lp = choice_logprobs(model, tok, it["prompt"], it["choices"], max_length)
+        acc[k] = float(int(np.argmax(lp)) == int(it["label"]))
     return acc
 
 
@@ -480,8 +500,9 @@ def answer_logprob(model: nn.Module, tok, items: Sequence[dict], batch_size: int
 @torch.no_grad()
 def generate_completions(model: nn.Module, tok, prompts: Sequence[str], max_new_tokens: int = 128,
                          batch_size: int = 8, stop: Sequence[str] = ("\ndef ", "\nclass ", "\nif __name__",
-                                                                     "\nprint(", "\n#")) -> list[str]:
-    """Greedy completions (left-padded batches), cut at the first stop sequence (HumanEval's usual stops)."""
+                                                                     "\nprint(", "\n#", "\n```"),
+                         do_sample: bool = False, temperature: float = 0.8) -> list[str]:
+    """Greedy (or sampled) completions in left-padded batches, cut at the first stop sequence (HumanEval's stops)."""
     device = next(model.parameters()).device
     old_side = tok.padding_side
     tok.padding_side = "left"
@@ -491,7 +512,9 @@ def generate_completions(model: nn.Module, tok, prompts: Sequence[str], max_new_
         for s in range(0, len(order), batch_size):
             idx = order[s:s + batch_size]
             enc = tok([prompts[i] for i in idx], return_tensors="pt", padding=True).to(device)
-            gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
+            kw = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0) if do_sample else \
+                dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+            gen = model.generate(**enc, max_new_tokens=max_new_tokens, **kw,
                                  pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
             for r, i in enumerate(idx):
                 text = tok.decode(gen[r, enc["input_ids"].shape[1]:], skip_special_tokens=True)
@@ -572,11 +595,361 @@ def load_local_model(path, dtype=torch.float32):
     return model, tok
 
 
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of Chen et al. (2021): 1 - C(n-c, k)/C(n, k) (the paper's Eq. 11, 1 - Π(1 - P_i), is a
-    different quantity: it treats per-sample success probabilities as independent and known)."""
-    if not (0 <= c <= n) or k < 1 or k > n:
-        raise ValueError(f"pass_at_k(n={n}, c={c}, k={k}): need 0 <= c <= n and 1 <= k <= n")
-    if n - c < k:
-        return 1.0
-    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+# ----------------------------------------------------------------------------------------------------------------
+# pipeline pieces used by notebook 05 (domains -> subdomains -> calibration -> band sweep -> routed inference)
+# ----------------------------------------------------------------------------------------------------------------
+def score_items(model: nn.Module, tok, items: Sequence[dict], batch_size: int = 16) -> np.ndarray:
+    """Per-item score: accuracy (0/1) for multiple-choice items (``choices`` present), else the reference answer's mean
+    log-likelihood per token (used where the reference data has no accuracy, e.g. code without tests). Mixed lists
+    are split by kind and scored in two batched passes."""
+    out = np.zeros(len(items))
+    mc = [i for i, it in enumerate(items) if "choices" in it]
+    free = [i for i, it in enumerate(items) if "choices" not in it]
+    if mc:
+        out[mc] = choice_accuracy(model, tok, [items[i] for i in mc], batch_size)
+    if free:
+        out[free] = answer_logprob(model, tok, [items[i] for i in free], batch_size)
+    return out
+
+
+def calibration_text(item: dict) -> str:
+    """Prompt plus its reference answer (gold choice for multiple choice): the text DOWP calibrates on."""
+    ans = item["choices"][item["label"]] if "choices" in item else item["answer"]
+    return item["prompt"] + ans
+
+
+def assign_subdomains(model: nn.Module, tok, reference: dict, test: dict, k: int, seed: int = 0,
+                      max_length: int = 256) -> dict:
+    """§3.1 per main domain: k-means (Eq. 2) on the embedding-layer features of the reference prompts; every reference
+    and test item gets the nearest centroid (Eq. 3). Returns dict(domain -> dict(kmeans, ref_labels, test_labels,
+    ref_features, test_features)); subdomain names are ``f"{domain}_{i}"``."""
+    out = {}
+    for dom, items in reference.items():
+        if len(items) == 0:
+            raise ValueError(f"main domain {dom!r} has no reference examples")
+        fr = embedding_features(model, tok, [it["prompt"] for it in items], max_length)
+        ft = embedding_features(model, tok, [it["prompt"] for it in test[dom]], max_length) if test.get(dom) else \
+            np.zeros((0, fr.shape[1]), np.float32)
+        km = fit_subdomains(fr, min(k, len(items)), seed)
+        name = lambda a: np.array([f"{dom}_{i}" for i in a], dtype=object)
+        out[dom] = dict(kmeans=km, ref_labels=name(km.labels_), test_labels=name(km.predict(ft)) if len(ft) else
+                        np.array([], dtype=object), ref_features=fr, test_features=ft)
+    return out
+
+
+def subdomain_norms(model: nn.Module, tok, texts: Sequence[str], sublayers: str = "both", max_tokens: int = 4096,
+                    batch_size: int = 8, max_length: int = 256, cache_config: dict | None = None) -> InputNorms:
+    """Calibration statistics for one subdomain's reference texts, cached with ``moelab.cache.memo`` when
+    ``cache_config`` (a JSON-able description of model + texts) is given."""
+    if len(texts) == 0:
+        raise ValueError("subdomain_norms: subdomain with no reference texts")
+
+    def compute():
+        return collect_input_norms(model, tokenize_batches(tok, texts, batch_size, max_length), sublayers, max_tokens)
+    if cache_config is None:
+        return compute()
+    from moelab import cache
+    cfg = dict(cache_config, sublayers=sublayers, max_tokens=max_tokens, max_length=max_length,
+               texts=cache.key({"t": list(texts)}))
+    return cache.memo("free_moe_norms", cfg, compute)
+
+
+def restrict_mask(mask: PurificationMask, sublayers: str) -> PurificationMask:
+    """The same DSS-Expert limited to the MLP or the self-attention projections (Table 3): ranks are per matrix, so
+    restricting a mask equals recomputing it on the sublayer alone."""
+    if sublayers not in SUBLAYERS:
+        raise ValueError(f"sublayers={sublayers!r}: expected one of {SUBLAYERS}")
+    if sublayers == "both":
+        return mask
+    keep = [n for n in mask.bits if n.endswith(SUBLAYER_PROJECTIONS[sublayers])]
+    if not keep:
+        raise ValueError(f"mask has no {sublayers} matrices")
+    return PurificationMask(bits={n: mask.bits[n] for n in keep}, grid={n: mask.grid[n] for n in keep},
+                            patch=mask.patch, band=mask.band, meta=dict(mask.meta, sublayers=sublayers))
+
+
+def routed_scores(model: nn.Module, tok, items: Sequence[dict], keys: Sequence, masks: dict,
+                  batch_size: int = 16, score_fn: ScoreFn | None = None) -> np.ndarray:
+    """§3.2 inference: every item is scored with the DSS-Expert of its key (subdomain chosen by Eq. 3 or by the
+    router); items are grouped by key so each mask is applied once. ``masks[key] = None`` means the dense model."""
+    if len(items) != len(keys):
+        raise ValueError(f"{len(items)} items vs {len(keys)} routing keys")
+    score_fn = score_fn or (lambda m, it: score_items(m, tok, it, batch_size))
+    parts: dict = {}
+    sw = MaskSwitcher(model, masks)
+    try:
+        keys = np.asarray(keys, dtype=object)
+        for key in dict.fromkeys(keys.tolist()):
+            idx = np.flatnonzero(keys == key)
+            sw.set(key)
+            parts[key] = (idx, np.asarray(score_fn(model, [items[i] for i in idx])))
+    finally:
+        sw.close()
+    if not parts:
+        return np.zeros(0)
+    first = next(iter(parts.values()))[1]
+    out = np.zeros((len(items),) + first.shape[1:])
+    for idx, sc in parts.values():
+        out[idx] = sc
+    return out
+
+
+def quantisation_grid_stats(model: nn.Module, block: int = 32, sublayers: str = "both",
+                            max_blocks: int | None = 512) -> "pd.DataFrame":
+    """How the 4-bit GGUF origin shows in the dequantised weights: per target matrix, the mean number of distinct
+    values per block of ``block`` consecutive weights (Q4 blocks hold at most 16), the share of exact zeros, and the
+    share of weights whose |w| is below half the block's grid step (these all rank as "small" only up to the grid).
+    ``max_blocks``: statistics on the first that many blocks of each matrix (None = all)."""
+    import pandas as pd
+    rows = []
+    for name, lin in target_linears(model, sublayers).items():
+        w = lin.weight.detach().float().reshape(-1, block)[:max_blocks]              # [blocks, 32]
+        s = torch.sort(w, dim=1).values
+        distinct = 1 + (s[:, 1:] != s[:, :-1]).sum(1).float()                        # distinct values per block
+        d = (s[:, 1:] - s[:, :-1])
+        step = torch.where(d > 0, d, torch.full_like(d, float("inf"))).min(1).values  # smallest grid step per block
+        small = (w.abs() < step[:, None] / 2).float().mean()
+        rows.append(dict(matrix=name, distinct_per_block=float(distinct.mean()), max_distinct=int(distinct.max()),
+                         zero_share=float((w == 0).float().mean()), below_half_step=float(small)))
+    return pd.DataFrame(rows)
+
+
+def humaneval_score_fn(tok, n: int = 1, ks: Sequence[int] = (1,), temperature: float = 0.8, max_new_tokens: int = 128,
+                       batch_size: int = 8, seed: int = 0) -> ScoreFn:
+    """Score function for HumanEval problems (``dict(prompt, test, entry_point)``): ``n`` completions per problem
+    (greedy if n == 1, else sampled at ``temperature``), each run in ``moelab.suite.sandbox``; returns per-problem
+    unbiased pass@k (Chen et al. 2021) for each k in ``ks`` as an array [problems, len(ks)]. The paper's Eq. 11,
+    1 - Π_i (1 - P_i), is not this estimator; the standard one is used."""
+    from moelab.suite import sandbox
+    if n < max(ks):
+        raise ValueError(f"n={n} samples cannot estimate pass@{max(ks)}")
+
+    def fn(model, items):
+        torch.manual_seed(seed)
+        prompts = [it["prompt"] for it in items for _ in range(n)]
+        comps = generate_completions(model, tok, prompts, max_new_tokens, batch_size,
+                                     do_sample=n > 1, temperature=temperature)
+        out = np.zeros((len(items), len(ks)))
+        for j, it in enumerate(items):
+            c = sum(sandbox.run_code(sandbox.humaneval_program(it, comp), timeout=5, memory_mb=512).passed
+                    for comp in comps[j * n:(j + 1) * n])
+            out[j] = [sandbox.pass_at_k(n, int(c), k) for k in ks]
+        return out
+    return fn
+
+
+def improvement_table(scores: "pd.DataFrame", methods: Sequence[str], base: str = "BASELINE",
+                      scale: dict | None = None) -> "pd.DataFrame":
+    """Table 1 layout from per-item scores (columns model, method, task, item, score): per model the rows
+    BASELINE, then each method and its improvement over BASELINE (mean x scale[task], default 100)."""
+    import pandas as pd
+    scale = scale or {}
+    m = scores.groupby(["model", "method", "task"], sort=False).score.mean().unstack("task")
+    for t in m.columns:
+        m[t] = m[t] * scale.get(t, 100.0)
+    rows = []
+    for model in scores.model.drop_duplicates():
+        b = m.loc[(model, base)]
+        rows.append(dict(model=model, row=base, **b.to_dict()))
+        for meth in methods:
+            v = m.loc[(model, meth)]
+            rows.append(dict(model=model, row=meth, **v.to_dict()))
+            rows.append(dict(model=model, row="Improvement", **(v - b).to_dict()))
+    return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# data: main domains from the suite (reference = validation splits, test = the lm-eval evaluation pools)
+# ----------------------------------------------------------------------------------------------------------------
+MATH_MC_LM_TASK = "moelab_math_mc"
+
+
+def _mc_item(it: dict, domain: str, task: str) -> dict:
+    return dict(id=it["id"], domain=domain, task=task, prompt=it["prompt"],
+                choices=[" " + c for c in it["choices"]], label=int(it["gold"]))
+
+
+def _free_item(iid, domain: str, task: str, prompt: str, answer: str) -> dict:
+    return dict(id=iid, domain=domain, task=task, prompt=prompt, answer=answer)
+
+
+def load_domains(general_tasks: Sequence[str], n_ref_per_task: int, n_test_per_task: int, n_train_per_task: int,
+                 n_code_ref: int, n_code_test: int, n_code_train: int, n_humaneval: int,
+                 instruct_profile: str = "default") -> dict:
+    """The three main domains of §4.1 built from ``moelab.suite`` (§3.1 D = {D_A, D_B, ...}):
+
+    - ``general`` (knowledge & reasoning): BIG-bench multiple-choice lm tasks ``general_tasks`` (``moelab_bb_*``);
+    - ``maths``: ``moelab_math_mc`` (elementary_math_qa, five options) plus GSM-style held-out templates
+      (``moelab_nll_maths``, test only, reference-answer likelihood);
+    - ``code``: stdlib function-writing records of ``suite.instruct`` (reference-answer likelihood: no tests) and
+      HumanEval (``moelab_nll_code`` likelihood of the canonical solution; ``moelab_humaneval`` pass@k).
+
+    Reference = the suite's validation split (selection), test = the first ``n_test_per_task`` items of each lm task's
+    evaluation pool (``suite.lmeval.task_docs``), train = training split items (router only).
+    Returns dict(reference, test, train) -> {domain: [items]}, plus ``humaneval`` (problems).
+    """
+    from moelab.suite import instruct, lmeval
+    ref, test, train = ({d: [] for d in ("general", "maths", "code")} for _ in range(3))
+    mc = [(t, "general") for t in general_tasks] + [(MATH_MC_LM_TASK, "maths")]
+    for lm_task, dom in mc:
+        if lm_task not in lmeval.MC_TASKS and lm_task.removeprefix("moelab_") not in lmeval.MC_TASKS:
+            raise ValueError(f"{lm_task!r} is not a moelab multiple-choice lm task ({sorted(lmeval.MC_TASKS)})")
+        src = lmeval.MC_TASKS[lm_task.removeprefix("moelab_")]
+        sp = instruct.task_splits(src)
+        ref[dom] += [_mc_item(it, dom, lm_task) for it in sp["validation"][:n_ref_per_task]]
+        train[dom] += [_mc_item(it, dom, lm_task) for it in sp["train"][:n_train_per_task]]
+        test[dom] += [_mc_item(it, dom, lm_task) for it in lmeval.task_docs(lm_task.removeprefix("moelab_"))
+                      [:n_test_per_task]]
+    for d in lmeval.task_docs("nll_maths")[:n_test_per_task]:
+        test["maths"].append(_free_item(d["id"], "maths", "moelab_nll_maths", d["context"], d["continuation"]))
+    for d in lmeval.task_docs("nll_code")[:n_code_test]:
+        test["code"].append(_free_item(d["id"], "code", "moelab_nll_code", d["context"], d["continuation"]))
+    mix = instruct.build(instruct_profile)
+    for split, store, n in (("validation", ref, n_code_ref), ("train", train, n_code_train)):
+        recs = [r for r in mix[split] if r["domain"] == "code"][:n]
+        store["code"] += [_free_item(r["id"], "code", "stdlib_code", r["instruction"] + "\n", r["answer"])
+                          for r in recs]
+    he = [dict(d, domain="code", task="moelab_humaneval") for d in lmeval.task_docs("humaneval")[:n_humaneval]]
+    for dom in ref:
+        if not ref[dom]:
+            raise ValueError(f"main domain {dom!r} has no reference examples")
+    return dict(reference=ref, test=test, train=train, humaneval=he)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the whole per-model pipeline (notebook 05 runs it for SmolLM2, and for Gemma-3 in `full`)
+# ----------------------------------------------------------------------------------------------------------------
+@dataclass
+class DowpResult:
+    """Per-subdomain band sweep on reference data (Eq. 6), the selected bands θ* and the DSS-Expert masks."""
+    sweep: "pd.DataFrame"                    # domain, cluster, band, item, score (reference data)
+    selected: dict                           # subdomain -> (θmin, θmax)
+    masks: dict                              # subdomain -> {"selected" | "0-5%" | "ratio<r>" | ...: PurificationMask}
+
+
+def dowp_select(model: nn.Module, tok, ref_by_sub: dict, bands: Sequence[tuple[float, float]], patch: int = 1,
+                sublayers: str = "both", scope: str = "row", calib_tokens: int = 4096, ratios: Sequence[float] = (),
+                extra_bands: Sequence[tuple[float, float]] = (WANDA_BAND,), batch_size: int = 16,
+                cache_config: dict | None = None, domain_of: Callable[[str], str] = lambda s: s.rsplit("_", 1)[0],
+                log: Callable[[str], None] | None = None) -> DowpResult:
+    """DOWP (§3.1, Algorithm 1) for each subdomain D_jk: calibrate on its reference texts (streamed ||X_n||), rank
+    the patches (Eq. 4), sweep the bands on its reference items (Eq. 5-6), keep θ* = the best band and build the
+    masks: ``selected`` (θ*), each ``extra_bands`` entry (the Wanda-like 0-5% by default), and ``ratio<r>`` =
+    [θ*min, θ*min + r] for each purification ratio r (Table 2). Ranks are dropped after each subdomain (memory)."""
+    import pandas as pd
+    frames, selected, masks = [], {}, {}
+    for sub, items in ref_by_sub.items():
+        if len(items) == 0:
+            raise ValueError(f"subdomain {sub!r} has no reference examples")
+        cc = None if cache_config is None else dict(cache_config, subdomain=sub)
+        norms = subdomain_norms(model, tok, [calibration_text(it) for it in items], sublayers, calib_tokens,
+                                cache_config=cc)
+        ranks = patch_ranks(model, norms, patch, sublayers, scope)
+        sw = band_sweep(model, {sub: ranks}, {sub: items}, lambda m, it: score_items(m, tok, it, batch_size), bands)
+        sw.insert(0, "domain", domain_of(sub))
+        frames.append(sw)
+        best = select_bands(sw, bands)[sub]
+        selected[sub] = best
+        masks[sub] = {"selected": band_mask(ranks, best)}
+        for b in extra_bands:
+            masks[sub][band_label(b)] = band_mask(ranks, b)
+        for r in ratios:
+            masks[sub][f"ratio{r:g}"] = band_mask(ranks, (best[0], min(100.0, best[0] + r)))
+        del ranks
+        if log:
+            log(f"{sub}: {len(items)} reference items, θ* = {band_label(best)}")
+    return DowpResult(sweep=pd.concat(frames, ignore_index=True), selected=selected, masks=masks)
+
+
+def masks_for(dowp: DowpResult, which: str) -> dict:
+    """{subdomain: mask} for one kind of mask ("selected", "0-5%", "ratio3", ...)."""
+    return {s: m[which] for s, m in dowp.masks.items()}
+
+
+def evaluate_methods(model: nn.Module, tok, items: Sequence[dict], routes: dict, batch_size: int = 16,
+                     score_fn: ScoreFn | None = None) -> "pd.DataFrame":
+    """Score test items under several methods: ``routes[method] = (keys, masks)`` with one routing key per item
+    (keys None -> dense model). Returns per-item scores: method, task, id, score (column per extra score dim)."""
+    import pandas as pd
+    frames = []
+    for method, (keys, masks) in routes.items():
+        keys = [None] * len(items) if keys is None else list(keys)
+        sc = routed_scores(model, tok, items, keys, masks if masks is not None else {}, batch_size, score_fn)
+        df = pd.DataFrame(dict(method=method, task=[it["task"] for it in items], id=[it["id"] for it in items]))
+        if sc.ndim == 1:
+            df["score"] = sc
+        else:
+            for j in range(sc.shape[1]):
+                df[f"score{j}"] = sc[:, j]
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True)
+
+
+def eq3_keys(model: nn.Module, tok, items: Sequence[dict], subdomains: dict, max_length: int = 256) -> np.ndarray:
+    """Oracle main domain (the item's own) + Eq. 3 nearest centroid: the DOWP setting of Table 1."""
+    keys = np.empty(len(items), dtype=object)
+    for dom, sd in subdomains.items():
+        idx = [i for i, it in enumerate(items) if it["domain"] == dom]
+        if idx:
+            f = embedding_features(model, tok, [items[i]["prompt"] for i in idx], max_length)
+            keys[idx] = [f"{dom}_{c}" for c in sd["kmeans"].predict(f)]
+    if any(k is None for k in keys):
+        raise ValueError("eq3_keys: some items belong to no main domain with subdomains")
+    return keys
+
+
+def fit_router(model: nn.Module, tok, train_by_dom: dict, subdomains: dict, seed: int = 0,
+               max_length: int = 256) -> MultiLevelRouter:
+    """Train the multi-level router (Eq. 7-8) on the training split: main-domain labels are the items' domains,
+    subdomain labels their Eq. 3 nearest centroid of that domain's k-means (fit on reference data)."""
+    items = [it for d in subdomains for it in train_by_dom.get(d, [])]
+    if not items:
+        raise ValueError("fit_router: no training items")
+    F = embedding_features(model, tok, [it["prompt"] for it in items], max_length)
+    dom = np.array([it["domain"] for it in items], dtype=object)
+    sub = np.empty(len(items), dtype=object)
+    for d, sd in subdomains.items():
+        sel = dom == d
+        if sel.any():
+            sub[sel] = [f"{d}_{c}" for c in sd["kmeans"].predict(F[sel])]
+    return MultiLevelRouter(seed=seed).fit(F, dom.astype(str), sub.astype(str))
+
+
+def route_items(router: MultiLevelRouter, model: nn.Module, tok, items: Sequence[dict], max_length: int = 256):
+    """Router predictions (main domain, subdomain) for test items (§3.2 inference, Eq. 9)."""
+    F = embedding_features(model, tok, [it["prompt"] for it in items], max_length)
+    return router.predict(F)
+
+
+def reference_gains(dowp: DowpResult) -> "pd.DataFrame":
+    """Per reference item: score of the dense model and of the selected band θ* (chosen on these same items, hence
+    optimistic). Columns domain, cluster, item, base, selected."""
+    sw = dowp.sweep
+    rows = []
+    for sub, band in dowp.selected.items():
+        s = sw[sw.cluster == sub]
+        b = s[s.band == "base"].set_index("item").score
+        v = s[s.band == band_label(band)].set_index("item").score
+        rows.append(pd_frame(domain=s.domain.iloc[0], cluster=sub, item=b.index.values, base=b.values,
+                             selected=v.reindex(b.index).values))
+    import pandas as pd
+    return pd.concat(rows, ignore_index=True)
+
+
+def pd_frame(**cols):
+    import pandas as pd
+    return pd.DataFrame(cols)
+
+
+def choose_general_tasks(model_name: str, candidates: Sequence[str], max_tasks: int) -> tuple[list[str], str]:
+    """General-domain lm tasks: the candidates the suite's scorecard marks usable (above chance) for ``model_name``,
+    in candidate order; without a scorecard, the first candidates (the returned note says which happened)."""
+    try:
+        from moelab.suite import scorecard
+        usable = set(scorecard.usable_tasks(model_name))
+    except Exception as e:  # noqa: BLE001 - scorecard absent or not yet computed: say so in the notebook
+        return list(candidates[:max_tasks]), f"no scorecard ({type(e).__name__}); fixed candidate list used"
+    chosen = [t for t in candidates if t in usable][:max_tasks]
+    if not chosen:
+        return list(candidates[:max_tasks]), "scorecard marks none of the candidates usable; fixed list used"
+    return chosen, f"scorecard: {len(chosen)} of {len(candidates)} candidates above chance"

@@ -168,7 +168,7 @@ def train_stacked(model: StackedMoETransformer, docs: np.ndarray, *, steps: int,
         raise ValueError(f"steps={steps} and batch_size={batch_size} must be >= 1")
     docs_t = torch.as_tensor(docs, dtype=torch.long)
     rng = np.random.default_rng(seed)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=True)
     warm = max(1, int(warmup_frac * steps))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
     rows = []
@@ -303,8 +303,10 @@ class MassExpander:
     ``redundancy_loss(step, model)`` = weight * sum_{(i,j) dup} cos(g_i, g_j)^2 during expansion (MASS Sec. 3.7).
     """
 
-    def __init__(self, cfg: MassConfig, n_models: int):
+    def __init__(self, cfg: MassConfig, n_models: int, nll_fn=None):
         self.cfg = cfg
+        # nll_fn(model, batch, active [M,E]) -> per-model NLL [M]; default: the stacked model's next-token CE
+        self.nll_fn = nll_fn or (lambda model, batch, active: _nll(model(batch[:, :-1], active=active), batch).mean(1))
         self.M = n_models
         E = cfg.max_experts
         self.count = np.zeros((n_models, E), dtype=int)
@@ -375,7 +377,7 @@ class MassExpander:
             masked[m, last] = False
             batch = model._last_batch
             with torch.no_grad():
-                nll_masked = _nll(model(batch[:, :-1], active=masked), batch).mean(1)[m]
+                nll_masked = self.nll_fn(model, batch, masked)[m]
             if nll_masked <= model._last_losses[m]:             # the last expert does not help: remove it
                 model.active[m, last] = False
                 self.added[m].pop()

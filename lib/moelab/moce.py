@@ -652,16 +652,14 @@ def active_adapter_params(spec: MoCESpec, d_model: int, n_layers: int) -> int:
 # 3. Training the top layers on cached lower-layer hidden states
 # ----------------------------------------------------------------------------------------------------------------------
 
-FALLBACK_TEMPLATE = "### Instruction:\n{instruction}\n\n### Response:\n"
+PROMPT_FORMAT = "{instruction}\nAnswer:"
 MIN_ANSWER_TOKENS = 16
 
 
 def prompt_text(tok, instruction: str) -> str:
-    """The prompt a chat model sees: its chat template (user turn + generation prompt), else an Alpaca-style header."""
-    if getattr(tok, "chat_template", None):
-        return tok.apply_chat_template([{"role": "user", "content": instruction}], add_generation_prompt=True,
-                                       tokenize=False)
-    return FALLBACK_TEMPLATE.format(instruction=instruction)
+    """The prompt: ``"<instruction>\nAnswer:"``, the format of the suite's lm-eval multiple-choice tasks (their prompt
+    is the instruction plus ``"\nAnswer:"``, the continuation ``" " + option``), so training and evaluation agree."""
+    return PROMPT_FORMAT.format(instruction=instruction)
 
 
 def tokenize_example(tok, item: dict, max_len: int) -> dict:
@@ -674,7 +672,7 @@ def tokenize_example(tok, item: dict, max_len: int) -> dict:
     if max_len < 2 * MIN_ANSWER_TOKENS:
         raise ValueError(f"max_len={max_len} is too short (need >= {2 * MIN_ANSWER_TOKENS})")
     p = tok(prompt_text(tok, item["instruction"]), add_special_tokens=False)["input_ids"]
-    a = tok(str(item["answer"]), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    a = tok(" " + str(item["answer"]).lstrip(), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     truncated = len(p) > max_len - MIN_ANSWER_TOKENS
     if truncated:
         p = p[-(max_len - MIN_ANSWER_TOKENS):]
@@ -697,8 +695,8 @@ def lower_hidden_states(model, input_ids: list[torch.Tensor], start: int, batch_
     adapted blocks and the LM head never run here.
     """
     blocks = decoder_layers(model)
-    if not 0 < start < len(blocks):
-        raise ValueError(f"start block must be in [1, {len(blocks) - 1}], got {start}")
+    if not 0 <= start < len(blocks):
+        raise ValueError(f"start block must be in [0, {len(blocks) - 1}], got {start}")
     grabbed = {}
 
     def grab(mod, args, kwargs):
@@ -1013,3 +1011,395 @@ def paper_encoder_path(path):
         raise MissingAsset("e5-large-v2", f"no local encoder folder at {path!r}",
                            "download intfloat/e5-large-v2 yourself and pass ENCODER_PATH")
     return str(path)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 5. Evaluation: per-request cluster ids for lm-eval, a memo of the frozen trunk shared by all variants
+# ----------------------------------------------------------------------------------------------------------------------
+
+def set_group_ids(model, group_ids) -> None:
+    """Set the sequence cluster ids on every MoCE layer until changed (the lm-eval request hook uses this)."""
+    gid = None if group_ids is None else torch.as_tensor(np.asarray(group_ids)).long().view(-1)
+    for m in moce_layers(model):
+        m.group_ids, m.token_mask = gid, None
+
+
+class _TrunkMemo(nn.Module):
+    """Blocks 0..start-1 as one module whose output is memoised by the content of its inputs.
+
+    The frozen lower blocks are identical in every compared variant, so each evaluation request's trunk output is
+    computed once (for the first model evaluated) and reused (written here because no library memoises a sub-stack;
+    valid because ``use_cache`` is off, so a forward pass is a pure function of its inputs).
+    """
+
+    def __init__(self, blocks, max_entries: int = 20000):
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.memo: dict[str, torch.Tensor] = {}
+        self.max_entries = max_entries
+        self.hits = self.misses = 0
+
+    @staticmethod
+    def _key(*tensors) -> str:
+        h = hashlib.sha1()
+        for t in tensors:
+            if t is None:
+                h.update(b"none")
+            elif isinstance(t, torch.Tensor):
+                h.update(str(tuple(t.shape)).encode())
+                h.update(t.detach().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
+                position_embeddings=None, **kw):
+        bypass = past_key_values is not None or torch.is_grad_enabled()
+        key = None if bypass else self._key(hidden_states, attention_mask, position_ids)
+        if key is not None and key in self.memo:
+            self.hits += 1
+            return self.memo[key].to(hidden_states.device)
+        h = hidden_states
+        for blk in self.blocks:
+            h = blk(h, attention_mask=attention_mask, position_ids=position_ids, past_key_values=past_key_values,
+                    use_cache=use_cache, position_embeddings=position_embeddings, **kw)
+        if key is not None and len(self.memo) < self.max_entries:
+            self.misses += 1
+            self.memo[key] = h.detach()
+        return h
+
+
+@contextlib.contextmanager
+def trunk_memo(model, start: int, memo: _TrunkMemo | None = None):
+    """Within the block, blocks 0..start-1 run through one memoising module (``use_cache`` off). Pass the memo object
+    returned by an earlier call (``with trunk_memo(m, s) as tm``) to share it across variants."""
+    base = model.model
+    layers = base.layers
+    tm = memo if memo is not None else _TrunkMemo(list(layers[:start]))
+    old_cache = model.config.use_cache
+    base.layers = nn.ModuleList([tm, *layers[start:]])
+    model.config.use_cache = False
+    try:
+        yield tm
+    finally:
+        base.layers = layers
+        model.config.use_cache = old_cache
+
+
+def context_instruction(context: str) -> str:
+    """The instruction inside an lm-eval request context (the suite appends ``"\\nAnswer:"``; few-shot GSM prompts keep
+    only the last question), so evaluation prompts are clustered like training instructions."""
+    c = context.rsplit("Question:", 1)[-1] if "Question:" in context else context
+    c = c.strip()
+    return c[: -len("Answer:")].rstrip() if c.endswith("Answer:") else c
+
+
+def make_request_hook(model, cluster_of: Callable[[str], int]):
+    """lm-eval per-request hook (``suite.lmeval.evaluate(request_hook=...)``): set the request's cluster id on the model
+    (stage 1 of MoCE routing, §3.3). ``cluster_of(instruction) -> int`` (memoised here per context)."""
+    seen: dict[str, int] = {}
+
+    def hook(context: str):
+        if context not in seen:
+            seen[context] = int(cluster_of(context_instruction(context)))
+        set_group_ids(model, [seen[context]])
+
+    hook.seen = seen
+    return hook
+
+
+def cluster_predictor(cm: ClusterModel, encoder: str, model=None) -> Callable[[str], int]:
+    """``instruction -> cluster id`` with the same encoder the clusterer was fitted on."""
+    def f(text: str) -> int:
+        return int(cm.predict(embed_texts([text], encoder, model=model))[0])
+
+    return f
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 6. Tables and figures for the notebook
+# ----------------------------------------------------------------------------------------------------------------------
+
+def curves_table(results: list[VariantResult]):
+    """Tidy training/validation curves: variant, seed, step, kind (train_ce | val_loss), value."""
+    import pandas as pd
+
+    rows = []
+    for r in results:
+        for _, row in r.history.iterrows():
+            rows.append({"variant": r.spec.name, "seed": r.seed, "step": int(row["step"]), "kind": "train_ce",
+                         "value": float(row.get("ce", row["loss"]))})
+        for _, row in r.eval_history.iterrows():
+            rows.append({"variant": r.spec.name, "seed": r.seed, "step": int(row["step"]), "kind": "val_loss",
+                         "value": float(row["val_loss"])})
+    return pd.DataFrame(rows)
+
+
+def criterion_table(results: list[VariantResult], n_layers: int, d_model: int):
+    """Per variant and seed: steps, wall time, flattened criterion, parameter counts."""
+    import pandas as pd
+
+    return pd.DataFrame([{"variant": r.spec.name, "seed": r.seed, "steps": r.steps, "wall_s": round(r.wall_s, 1),
+                          "val_loss_first": float(r.eval_history.val_loss.iloc[0]),
+                          "val_loss_last": float(r.eval_history.val_loss.iloc[-1]),
+                          "rel_fall_last20pct": r.rel_fall, "flattened": r.flat,
+                          "groups_M": r.spec.num_groups, "experts_per_group_N": r.spec.experts_per_group,
+                          "general_experts": r.spec.num_general, "top_k": r.spec.top_k, "adapter_rank": r.spec.rank,
+                          **r.params, "active_adapter_params": active_adapter_params(r.spec, d_model, n_layers)}
+                         for r in results])
+
+
+def plot_curves(curves):
+    """Validation loss (solid) and smoothed training CE (faint) per variant; one line per seed."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    for j, (v, g) in enumerate(curves.groupby("variant", sort=False)):
+        for s, gs in g.groupby("seed"):
+            tr = gs[gs.kind == "train_ce"]
+            va = gs[gs.kind == "val_loss"]
+            axes[0].plot(tr.step, tr.value.rolling(5, min_periods=1).mean(), color=f"C{j}", alpha=0.7,
+                         label=v if s == g.seed.min() else None)
+            axes[1].plot(va.step, va.value, "o-", ms=3, color=f"C{j}", label=v if s == g.seed.min() else None)
+    axes[0].set(title="training CE (5-step mean)", xlabel="step", ylabel="nats/token")
+    axes[1].set(title="validation loss", xlabel="step", ylabel="nats/token")
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_table1(summary, metric_label: str = "score"):
+    """Table 1 as a figure: mean with 95% CI per (task, variant). ``summary``: task, variant, mean, ci_low, ci_high."""
+    import matplotlib.pyplot as plt
+
+    tasks = list(dict.fromkeys(summary.task))
+    variants = list(dict.fromkeys(summary.variant))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(3.2 * len(tasks) + 1, 3.6), squeeze=False)
+    for ax, t in zip(axes[0], tasks):
+        s = summary[summary.task == t].set_index("variant").reindex(variants)
+        x = np.arange(len(variants))
+        ax.errorbar(x, s["mean"], yerr=[s["mean"] - s["ci_low"], s["ci_high"] - s["mean"]], fmt="o", capsize=3)
+        ax.set_xticks(x, variants, rotation=45, ha="right")
+        ax.set_title(t, fontsize=9)
+    axes[0][0].set_ylabel(metric_label)
+    fig.tight_layout()
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 7. Orchestration used by the notebook (each is one notebook call)
+# ----------------------------------------------------------------------------------------------------------------------
+
+def subsample(items: list[dict], n: int | None, seed: int = 0, by: str | None = None) -> list[dict]:
+    """A seeded subset of ``n`` items (all if ``n`` is None); with ``by`` (e.g. "domain") equal shares per value."""
+    if n is None or len(items) <= n:
+        return list(items)
+    rng = np.random.default_rng(seed)
+    if by is None:
+        return [items[i] for i in np.sort(rng.choice(len(items), n, replace=False))]
+    vals = sorted({it[by] for it in items})
+    per = int(math.ceil(n / len(vals)))
+    out = []
+    for v in vals:
+        pool = [it for it in items if it[by] == v]
+        out += [pool[i] for i in np.sort(rng.choice(len(pool), min(per, len(pool)), replace=False))]
+    return out
+
+
+def eval_task_label(task: str) -> str:
+    """Coarse evaluation-task name for Fig. 5 (held-out GSM templates and stdlib modules pooled)."""
+    if task.startswith("gsm:"):
+        return "gsm (held-out templates)"
+    if task.startswith("stdlib:"):
+        return "code (held-out stdlib modules)"
+    return task
+
+
+def clustering_study(items: list[dict], encoders: Sequence[str], ks: Sequence[int], seed: int = 0,
+                     projections: Sequence[str] = ("tsne",), models: dict | None = None) -> dict:
+    """App. B + App. C + Fig. 2 in one call: embeddings of the instructions per encoder, the elbow curve and its
+    knee, k-means at the knee, purity/NMI against domains (overall and within each domain), 2-D projections.
+
+    Returns dict(emb, curves, knees, clusters (ClusterModel per encoder), metrics, within, points).
+    """
+    import pandas as pd
+
+    texts = instruction_texts(items)
+    domains = np.array([it["domain"] for it in items])
+    sources = np.array([it.get("task", it.get("source", "")) for it in items])
+    emb, curves, knees, cms, metrics, within, points = {}, [], {}, {}, [], [], []
+    for enc in encoders:
+        e = embed_texts(texts, enc, model=(models or {}).get(enc))
+        emb[enc] = e
+        c = elbow_curve(e, ks, seed=seed)
+        c.insert(0, "encoder", enc)
+        curves.append(c)
+        knees[enc] = find_knee(c.k, c.sse)
+        cm = fit_clusters(e, knees[enc]["k"], seed=seed, encoder=enc)
+        cms[enc] = cm
+        lab = cm.predict(e)
+        metrics.append({"encoder": enc, "k": cm.k, "knee_method": knees[enc]["method"],
+                        **cluster_metrics(lab, domains)})
+        w = within_domain_metrics(lab, domains, sources)
+        w.insert(0, "encoder", enc)
+        within.append(w)
+        for proj in projections:
+            xy = project_2d(e, proj, seed=seed)
+            points.append(pd.DataFrame({"encoder": enc, "projection": proj, "x": xy[:, 0], "y": xy[:, 1],
+                                        "cluster": lab, "domain": domains}))
+    return {"emb": emb, "curves": pd.concat(curves, ignore_index=True), "knees": knees, "clusters": cms,
+            "metrics": pd.DataFrame(metrics), "within": pd.concat(within, ignore_index=True),
+            "points": pd.concat(points, ignore_index=True) if points else None}
+
+
+def fig5_distribution(test_items: list[dict], cm: ClusterModel, encoder: str, n_per_task: int = 100,
+                      min_items: int = 20, seed: int = 0, model=None):
+    """Fig. 5: predicted clusters of up to ``n_per_task`` evaluation prompts per task (tasks with >= ``min_items``)."""
+    by: dict[str, list] = {}
+    for it in test_items:
+        by.setdefault(eval_task_label(it["task"]), []).append(it)
+    chosen, labels = [], []
+    for t, its in sorted(by.items()):
+        if len(its) < min_items:
+            continue
+        its = subsample(its, n_per_task, seed)
+        chosen += its
+        labels += [t] * len(its)
+    pred = cm.predict(embed_texts(instruction_texts(chosen), encoder, model=model))
+    return cluster_distribution(pred, labels, cm.k)
+
+
+def with_groups(examples: list[dict], groups) -> list[dict]:
+    """Shallow copies of cached examples with the sequence cluster ``group`` set."""
+    groups = np.asarray(groups)
+    if len(groups) != len(examples):
+        raise ValueError(f"{len(groups)} group ids for {len(examples)} examples")
+    return [{**e, "group": int(g)} for e, g in zip(examples, groups)]
+
+
+def plan_runs(cfg: dict, k: int) -> list[dict]:
+    """The list of training runs of a profile: dict(label, variant, M, N, top_k, domain, k_clusters, seed).
+
+    ``cfg["variants"]``: names from :func:`variant_spec` (M = ``k`` clusters, N = ``cfg["experts_per_group"]``);
+    ``cfg["extra"]`` (full profile): dicts overriding fields (experts per group, cluster counts, domain-specialised).
+    """
+    runs = []
+    for seed in cfg["seeds"]:
+        for v in cfg["variants"]:
+            runs.append(dict(label=v, variant=v, M=k, N=cfg["experts_per_group"], top_k=2, domain=None,
+                             k_clusters=k, seed=seed))
+        for ex in cfg.get("extra", []):
+            r = dict(variant="moce", M=k, N=cfg["experts_per_group"], top_k=2, domain=None, k_clusters=k, seed=seed)
+            r.update(ex)
+            r["M"] = r.get("k_clusters", k) if r["variant"] != "pesc" else r["M"]
+            runs.append(r)
+    return runs
+
+
+def train_runs(model, runs: list[dict], train_ex: list[dict], val_ex: list[dict], groups_by_k: dict, *,
+               layers: Sequence[int], cfg: dict, cache_config: dict) -> list[VariantResult]:
+    """Train (or load from ``moelab.cache.memo``) every planned run; returns their :class:`VariantResult`."""
+    from moelab import cache
+
+    out = []
+    for r in runs:
+        spec = variant_spec(r["variant"], r["M"], r["N"], rank=cfg["rank"], top_k=r["top_k"])
+        spec = MoCESpec(**{**asdict(spec), "name": r["label"]})
+        g_tr, g_va = groups_by_k[r["k_clusters"]]
+        tr, va = with_groups(train_ex, g_tr), with_groups(val_ex, g_va)
+        if r.get("domain"):
+            tr = [e for e in tr if e["domain"] == r["domain"]]
+        key = {**cache_config, "run": {k: v for k, v in r.items()}, "spec": asdict(spec), "layers": list(layers),
+               "steps": cfg["steps"], "batch": cfg["batch"], "lr": cfg["lr"], "eval_every": cfg["eval_every"],
+               "max_rounds": cfg["max_rounds"], "n_train": len(tr), "n_val": len(va),
+               "groups": hashlib.sha1(np.asarray(g_tr).tobytes() + np.asarray(g_va).tobytes()).hexdigest()}
+
+        def compute(spec=spec, tr=tr, va=va, r=r):
+            res = train_variant(model, spec, tr, va, layers=layers, steps=cfg["steps"], batch_size=cfg["batch"],
+                                lr=cfg["lr"], seed=r["seed"], eval_every=cfg["eval_every"],
+                                max_rounds=cfg["max_rounds"])
+            uninstall(model)
+            return res
+
+        out.append(cache.memo("moce-variant", key, compute))
+    uninstall(model)
+    return out
+
+
+def evaluate_runs(model, tok, results: list[VariantResult | None], test_items: list[dict], test_groups: dict,
+                  lm_tasks: Sequence[str], lm_limit: int | None, cluster_of: dict, layers: Sequence[int],
+                  labels: Sequence[str] | None = None):
+    """Per-item scores of the vanilla model (``None`` in ``results``) and every trained run.
+
+    - per-domain likelihood: ``suite.lmeval.domain_nll`` (bits per byte of the reference answer) on ``test_items``,
+      called per cluster with that cluster's id set on the model;
+    - ``suite.lmeval.evaluate`` on ``lm_tasks`` with the per-request hook setting the prompt's cluster
+      (``cluster_of[k]``: instruction -> cluster id with k clusters).
+    The frozen lower blocks are memoised across models (:func:`trunk_memo`). Returns a tidy DataFrame
+    (variant, seed, task, item_id, metric, score).
+    """
+    import pandas as pd
+
+    from moelab.suite import lmeval
+
+    rows = []
+    start = min(layers)
+    memo = None
+    labels = list(labels) if labels is not None else [None] * len(results)
+    for res, lab in zip(results, labels):
+        uninstall(model)
+        if res is not None:
+            load_variant(model, res, layers)
+        name = lab or (res.spec.name if res is not None else "vanilla")
+        seed = res.seed if res is not None else -1
+        k = res.spec.num_groups if res is not None else 1
+        ctx = trunk_memo(model, start, memo) if start > 0 else contextlib.nullcontext(None)
+        with ctx as memo:
+            # per-domain likelihood, one cluster at a time
+            g = np.asarray(test_groups.get(k, np.zeros(len(test_items), int)))
+            for a in sorted(set(g.tolist())):
+                idx = np.flatnonzero(g == a)
+                set_group_ids(model, [a])
+                df = lmeval.domain_nll(model, tok, [(prompt_text(tok, test_items[i]["instruction"]),
+                                                     test_items[i]["answer"]) for i in idx])
+                for j, i in enumerate(idx):
+                    rows.append({"variant": name, "seed": seed, "task": f"nll_{test_items[i]['domain']}",
+                                 "item_id": test_items[i].get("id", str(i)), "metric": "bpb",
+                                 "score": float(df.bpb.iloc[j])})
+            if lm_tasks:
+                hook = make_request_hook(model, cluster_of[k]) if k > 1 else None
+                df = lmeval.evaluate(model, tok, list(lm_tasks), limit=lm_limit, request_hook=hook, batch_size=1)
+                df.insert(0, "seed", seed)
+                df.insert(0, "variant", name)
+                rows += df.to_dict("records")
+    uninstall(model)
+    return pd.DataFrame(rows)
+
+
+def paired_scores(scores, variant: str, task_prefix: str | None = None, metric: str | None = None,
+                  seeds: Sequence[int] | None = None) -> np.ndarray:
+    """Per-item scores of one variant as [seeds, items] (items aligned by task and item id), for ``claims.effect``."""
+    s = scores[scores.variant == variant]
+    if task_prefix is not None:
+        s = s[s.task.str.startswith(task_prefix)]
+    if metric is not None:
+        s = s[s.metric == metric]
+    if s.empty:
+        raise ValueError(f"no scores for variant {variant!r} (task prefix {task_prefix!r}, metric {metric!r})")
+    piv = s.pivot_table(index="seed", columns=["task", "item_id"], values="score", aggfunc="mean")
+    if seeds is not None:
+        piv = piv.reindex(list(seeds))
+    return piv.sort_index(axis=1).to_numpy()
+
+
+def summarize_scores(scores):
+    """Table 1 rows: mean and bootstrap 95% CI per (variant, task, metric), items (and seeds averaged) resampled."""
+    import pandas as pd
+
+    from moelab.stats import bootstrap_ci
+
+    rows = []
+    for (v, t, m), g in scores.groupby(["variant", "task", "metric"], sort=False):
+        per_item = g.groupby("item_id").score.mean().to_numpy()
+        est, lo, hi = bootstrap_ci(per_item, n_boot=1000, seed=0)
+        rows.append({"variant": v, "task": t, "metric": m, "n_items": len(per_item),
+                     "n_seeds": g.seed.nunique(), "mean": est, "ci_low": lo, "ci_high": hi})
+    return pd.DataFrame(rows)

@@ -20,7 +20,8 @@ from moelab.core import moe_layers
 from moelab.core.losses import load_balancing_loss
 
 __all__ = ["wordnet_gloss_pairs", "load_minilm_hf", "embed", "contrastive_loss_fn", "routing_table", "expert_load",
-           "load_imbalance", "two_vector_aggregation", "time_dispatch"]
+           "load_imbalance", "train_only_moe", "two_vector_aggregation", "time_dispatch",
+           "router_logits", "active_expert_counts", "real_norm_ratio", "ffn_inputs"]
 
 
 def wordnet_gloss_pairs(n: int, seed: int = 0, min_words: int = 3) -> list[tuple[str, str]]:
@@ -82,6 +83,14 @@ def _layer_stats(model, mask):
     return out
 
 
+def train_only_moe(model) -> int:
+    """Freeze everything but the MoE layers (experts + routers); returns the number of trainable parameters."""
+    model.requires_grad_(False)
+    for layer in moe_layers(model):
+        layer.requires_grad_(True)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
 def load_imbalance(load) -> np.ndarray:
     """Coefficient of variation of expert load, std_e(f_e) / mean_e(f_e) (0 = perfectly balanced); works on [E] or
     [..., E] arrays."""
@@ -110,7 +119,7 @@ def contrastive_loss_fn(tok, aux_coef: float = 0.0, scale: float = 20.0, max_len
         metrics = {"contrastive": lc.detach()}
         for i, ((za, la), (zg, lg)) in enumerate(zip(stats_a, stats_g)):
             layer = moe_layers(model)[i]
-            bal.append(load_balancing_loss((za, zg), layer.num_experts, layer.top_k,
+            bal.append(load_balancing_loss(torch.cat([za, zg]), layer.num_experts, layer.top_k,
                                            torch.cat([enc_a["attention_mask"].reshape(-1),
                                                       enc_g["attention_mask"].reshape(-1)])))
             metrics[f"imbalance_L{i}"] = float(load_imbalance(((la + lg) / 2).cpu().numpy()))
@@ -188,3 +197,82 @@ def time_dispatch(layer, x, tokens_list, repeats: int = 3) -> pd.DataFrame:
                     rows.append({"tokens": T, "impl": name, "repeat": r, "seconds": time.perf_counter() - t0,
                                  "max_abs_diff": diff})
     return pd.DataFrame(rows)
+
+
+@torch.no_grad()
+def router_logits(model, tok, texts, batch_size: int = 32, max_length: int = 32) -> list[torch.Tensor]:
+    """Router logits of every real (non-padding) token at each MoE layer: list over layers of [T_real, E]."""
+    model.eval()
+    out = [[] for _ in moe_layers(model)]
+    for b in range(0, len(texts), batch_size):
+        _, enc = embed(model, tok, texts[b:b + batch_size], max_length)
+        keep = enc["attention_mask"].reshape(-1).bool()
+        for i, layer in enumerate(moe_layers(model)):
+            out[i].append(layer.last_router_logits[keep].float().cpu())
+    return [torch.cat(z) for z in out]
+
+
+def active_expert_counts(logits: list[torch.Tensor], top_k: int, top_ps) -> pd.DataFrame:
+    """Number of experts each token activates under top-k and under top-p (MASS convention, ``core.top_p_route``):
+    one row per (rule, layer, token)."""
+    from moelab.core import top_p_route, topk_route
+
+    rows = []
+    for li, z in enumerate(logits):
+        r = topk_route(z, top_k)
+        n = (r.indices >= 0).sum(-1)
+        rows.append(pd.DataFrame({"rule": f"top-{top_k}", "layer": li, "token": np.arange(len(z)), "active": n.numpy()}))
+        for p in top_ps:
+            _, mask = top_p_route(z, p, convention="mass")
+            rows.append(pd.DataFrame({"rule": f"top-p {p}", "layer": li, "token": np.arange(len(z)),
+                                      "active": mask.sum(-1).numpy()}))
+    return pd.concat(rows, ignore_index=True)
+
+
+@torch.no_grad()
+def real_norm_ratio(model, tok, texts, max_length: int = 32) -> pd.DataFrame:
+    """For real tokens (one text at a time, so no padding) at each MoE layer: the norm of the linear mix and of the
+    SBA mix of the kept experts' outputs, relative to the weighted mean expert norm Σ_i w_i ||e_i|| (SBA's radius)."""
+    from moelab.core import capture_moe
+    from moelab.core.aggregation import linear, sba
+
+    model.eval()
+    with capture_moe(model, keep_outputs=True, stats=False) as cap:
+        for t in texts:
+            embed(model, tok, [t], max_length)
+    rows = []
+    for li, (name, rec) in enumerate(cap.records.items()):
+        e, w = rec["expert_outputs"].double(), rec["weights"].double()     # [T,k,d], [T,k]
+        radius = (w * e.norm(dim=-1)).sum(-1)                              # r = Σ w_i ||e_i||   [T]
+        rows.append(pd.DataFrame({"layer": li, "token": np.arange(len(w)),
+                                  "linear_ratio": (linear(e, w).norm(dim=-1) / radius).numpy(),
+                                  "sba_ratio": (sba(e, w).norm(dim=-1) / radius).numpy(),
+                                  "cos_top2": torch.nn.functional.cosine_similarity(e[:, 0], e[:, 1], -1).numpy()}))
+    return pd.concat(rows, ignore_index=True)
+
+
+@torch.no_grad()
+def ffn_inputs(model, tok, texts, layer: int = -1, max_tokens: int = 256, batch_size: int = 32,
+               max_length: int = 32) -> torch.Tensor:
+    """Real inputs x [T,d] (padding dropped) of the MoE layer ``layer`` (index among MoE layers)."""
+    lay = moe_layers(model)[layer]
+    got = []
+
+    def hook(mod, args):
+        got.append(args[0].reshape(-1, args[0].shape[-1]).detach()[keep[0]])
+
+    h = lay.register_forward_pre_hook(hook)
+    try:
+        for b in range(0, len(texts), batch_size):
+            enc = tok(list(texts[b:b + batch_size]), padding=True, truncation=True, max_length=max_length,
+                      return_tensors="pt")
+            keep = [enc["attention_mask"].reshape(-1).bool()]
+            model(**enc)
+            if sum(len(g) for g in got) >= max_tokens:
+                break
+    finally:
+        h.remove()
+    x = torch.cat(got)[:max_tokens]
+    if len(x) < max_tokens:
+        raise ValueError(f"texts give {len(x)} tokens, max_tokens={max_tokens} requested")
+    return x

@@ -213,49 +213,24 @@ def expert_similarity(layer) -> float:
 # ----------------------------------------------------------------------------------------------------------------------
 # prompts spanning many subjects: WordNet lexicographer files (stand-in for the paper's 57 MMLU subjects)
 # ----------------------------------------------------------------------------------------------------------------------
-# lexicographer file numbers of WordNet 3.0 (wndb(5WN) "lexnames"); Debian's wordnet-base ships no lexnames file
-LEXNAMES = {
-    3: "noun.Tops", 4: "noun.act", 5: "noun.animal", 6: "noun.artifact", 7: "noun.attribute", 8: "noun.body",
-    9: "noun.cognition", 10: "noun.communication", 11: "noun.event", 12: "noun.feeling", 13: "noun.food",
-    14: "noun.group", 15: "noun.location", 16: "noun.motive", 17: "noun.object", 18: "noun.person",
-    19: "noun.phenomenon", 20: "noun.plant", 21: "noun.possession", 22: "noun.process", 23: "noun.quantity",
-    24: "noun.relation", 25: "noun.shape", 26: "noun.state", 27: "noun.substance", 28: "noun.time",
-    29: "verb.body", 30: "verb.change", 31: "verb.cognition", 32: "verb.communication", 33: "verb.competition",
-    34: "verb.consumption", 35: "verb.contact", 36: "verb.creation", 37: "verb.emotion", 38: "verb.motion",
-    39: "verb.perception", 40: "verb.possession", 41: "verb.social", 42: "verb.stative", 43: "verb.weather",
-}
-
-
 def wordnet_subject_texts(num_subjects: int = 24, per_subject: int = 16, seed: int = 0,
                           min_words: int = 6) -> dict:
-    """{lexicographer file -> texts "lemma: gloss"} from the real WordNet 3.0 database (``moelab.assets.wordnet_dir``).
+    """{lexicographer file -> texts "lemma: definition"} from the real WordNet 3.0 database (read by
+    :mod:`moelab.suite.wordnet`): the ``num_subjects`` noun/verb files with the most definitions of at least
+    ``min_words`` words, ``per_subject`` of them drawn at random (seeded) from each file."""
+    from moelab.suite import wordnet
 
-    The ``num_subjects`` files with the most glosses of at least ``min_words`` words; ``per_subject`` glosses drawn
-    at random (seeded) from each. Hand-parsed because no installed library reads WordNet's data files offline
-    (nltk's reader needs its own corpus download).
-    """
-    from moelab.assets import wordnet_dir
-
-    if num_subjects < 1 or num_subjects > len(LEXNAMES):
-        raise ValueError(f"num_subjects={num_subjects} must be in [1, {len(LEXNAMES)}]")
+    if not 1 <= num_subjects <= 41:
+        raise ValueError(f"num_subjects={num_subjects} must be in [1, 41] (WordNet has 26 noun + 15 verb files)")
     if per_subject < 1:
         raise ValueError(f"per_subject={per_subject} must be >= 1")
     by_file: dict = {}
-    for pos in ("noun", "verb"):
-        with open(wordnet_dir() / f"data.{pos}", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("  ") or "|" not in line:
-                    continue  # licence header
-                head, gloss = line.split("|", 1)
-                f = head.split()
-                lex = int(f[1])
-                if lex not in LEXNAMES:
-                    continue
-                gloss = gloss.strip()
-                if len(gloss.split()) < min_words:
-                    continue
-                by_file.setdefault(LEXNAMES[lex], []).append(f"{f[4].replace('_', ' ')}: {gloss}")
-    ranked = sorted(by_file, key=lambda k: -len(by_file[k]))[:num_subjects]
+    for pos in ("n", "v"):
+        for off in sorted(syn := wordnet.synsets(pos)):
+            s = syn[off]
+            if len(s.definition.split()) >= min_words and s.lexname[:4] in ("noun", "verb"):
+                by_file.setdefault(s.lexname, []).append(f"{s.lemmas[0]}: {s.definition}")
+    ranked = sorted(by_file, key=lambda k: (-len(by_file[k]), k))[:num_subjects]
     rng = np.random.default_rng(seed)
     out = {}
     for name in sorted(ranked):
@@ -356,45 +331,71 @@ def st_encode_fn(st, batch_size: int = 64):
 
 
 class PairCollate:
-    """List of (anchor, positive) -> {"anchor": features, "positive": features} tokenised by the model."""
+    """Pairs (anchor, positive) or triplets (anchor, positive, negative) -> dict of tokenised features.
 
-    def __init__(self, st):
-        self.st = st
+    ``tokenize_anchor`` / ``tokenize_doc``: texts -> features dict (for nomic: its query / document prefixes); a
+    SentenceTransformer's ``tokenize`` serves both for MiniLM."""
+
+    def __init__(self, tokenize_anchor, tokenize_doc=None):
+        self.tok_a = tokenize_anchor
+        self.tok_d = tokenize_doc or tokenize_anchor
 
     def __call__(self, batch):
         if not batch:
             raise ValueError("empty batch of pairs")
-        a, p = zip(*[(x[0], x[1]) for x in batch])
-        return {"anchor": dict(self.st.tokenize(list(a))), "positive": dict(self.st.tokenize(list(p)))}
+        n = {len(x) for x in batch}
+        if n not in ({2}, {3}):
+            raise ValueError(f"expected (anchor, positive[, negative]) tuples, got lengths {sorted(n)}")
+        cols = list(zip(*batch))
+        out = {"anchor": dict(self.tok_a(list(cols[0]))), "positive": dict(self.tok_d(list(cols[1])))}
+        if len(cols) == 3:
+            out["negative"] = dict(self.tok_d(list(cols[2])))
+        return out
 
 
-def mnrl_loss(model, batch, scale: float = 20.0, aux_coef: float = 0.01):
+def st_embed(model, features):
+    """Sentence embedding of a SentenceTransformer for a features dict."""
+    return model(features)["sentence_embedding"]
+
+
+def nomic_embed(model, features):
+    """Sentence embedding of :class:`moelab.nomic.NomicEmbed` for a features dict."""
+    return model.embed(features["input_ids"], features["attention_mask"])
+
+
+def mnrl_loss(model, batch, scale: float = 20.0, aux_coef: float = 0.01, embed=st_embed):
     """Multiple Negatives Ranking Loss (SBA paper Eq. 12) with in-batch negatives, cosine similarity, τ = 1/scale:
 
-        L = -1/N Σ_i log( exp(cos(a_i, p_i)/τ) / Σ_j exp(cos(a_i, p_j)/τ) )      scores [N, N]
+        L = -1/N Σ_i log( exp(cos(a_i, p_i)/τ) / Σ_j exp(cos(a_i, c_j)/τ) ),  c = [p; n]   scores [N, N or 2N]
 
-    plus ``aux_coef`` × the Switch balancing loss of the MoE layers (summed over the anchor and positive passes).
-    Written out (3 lines) instead of sentence-transformers' MNRL module because the trainer hands in its own
-    (possibly wrapped) model, which that module would not call.
+    (hard negatives n appended when the batch has them, as for all-nli triplets), plus ``aux_coef`` × the Switch
+    balancing loss of the MoE layers summed over the passes. Written out instead of sentence-transformers' MNRL
+    module because the trainer hands in its own (possibly wrapped) model, which that module would not call.
     """
     from moelab.core.layer import aux_loss
 
-    a = model(batch["anchor"])["sentence_embedding"]  # [N, d]
+    F_ = torch.nn.functional
+    a = embed(model, batch["anchor"])  # [N, d]
     aux = aux_loss(model)
-    p = model(batch["positive"])["sentence_embedding"]  # [N, d]
+    cands = [embed(model, batch["positive"])]  # [N, d]
     aux = aux + aux_loss(model)
-    scores = scale * torch.nn.functional.normalize(a, dim=-1) @ torch.nn.functional.normalize(p, dim=-1).T
+    if "negative" in batch:
+        cands.append(embed(model, batch["negative"]))
+        aux = aux + aux_loss(model)
+    c = torch.cat(cands)
+    scores = scale * F_.normalize(a, dim=-1) @ F_.normalize(c, dim=-1).T  # cos(a_i, c_j) / τ
     labels = torch.arange(len(a), device=scores.device)
-    ce = torch.nn.functional.cross_entropy(scores, labels)  # Eq. 12
+    ce = F_.cross_entropy(scores, labels)  # Eq. 12
     loss = ce + aux_coef * aux.to(ce.device)
     return loss, {"mnrl": float(ce.detach()), "aux": float(aux.detach())}
 
 
-def finetune_embedder(st, train_pairs, val_pairs, *, steps: int, batch_size: int = 32, lr: float = 2e-5,
+def finetune_embedder(model, train_pairs, val_pairs, *, steps: int, batch_size: int = 32, lr: float = 2e-5,
                       seed: int = 0, eval_every: int = 0, warmup_frac: float = 0.1, aux_coef: float = 0.01,
-                      val_batches: int = 4):
+                      val_batches: int = 4, collate=None, embed=st_embed, grad_accum: int = 1):
     """Contrastive fine-tuning through :func:`moelab.train.train`: MNRL (cosine, scale 20 = τ 0.05), AdamW, linear
-    warm-up over 10% then linear decay (SBA paper §V-B). Returns (TrainResult, validation-loss table)."""
+    warm-up over 10% then linear decay (SBA paper §V-B). ``collate`` defaults to the SentenceTransformer's tokenizer.
+    Returns the TrainResult (``eval_history.val_mnrl``: validation loss on held-out pairs)."""
     from torch.utils.data import DataLoader
 
     from moelab.train import TrainConfig, train
@@ -403,22 +404,22 @@ def finetune_embedder(st, train_pairs, val_pairs, *, steps: int, batch_size: int
         raise ValueError(f"{len(train_pairs)} training pairs < batch_size {batch_size}")
     if not val_pairs:
         raise ValueError("no validation pairs")
-    collate = PairCollate(st)
+    collate = collate or PairCollate(model.tokenize)
     g = torch.Generator().manual_seed(seed)
     loader = DataLoader(list(train_pairs), batch_size=batch_size, shuffle=True, collate_fn=collate, generator=g,
                         drop_last=True)
-    vb = [collate(list(val_pairs[i:i + batch_size])) for i in range(0, min(len(val_pairs), val_batches * batch_size),
-                                                                    batch_size)]
+    val_pairs = list(val_pairs)[: val_batches * batch_size]
+    vb = [collate(val_pairs[i:i + batch_size]) for i in range(0, len(val_pairs), batch_size)]
     vb = [b for b in vb if len(b["anchor"]["input_ids"]) > 1]
 
-    def eval_fn(model):
-        return {"val_mnrl": float(np.mean([mnrl_loss(model, b, aux_coef=0.0)[1]["mnrl"] for b in vb]))}
+    def eval_fn(m):
+        return {"val_mnrl": float(np.mean([mnrl_loss(m, b, aux_coef=0.0, embed=embed)[1]["mnrl"] for b in vb]))}
 
     cfg = TrainConfig(lr=lr, steps=steps, warmup_frac=warmup_frac, decay="linear", weight_decay=0.01, seed=seed,
-                      eval_every=eval_every, log_every=max(1, steps // 10), max_grad_norm=1.0, device="cpu",
-                      progress=False, desc="mnrl")
-    res = train(st, loader, loss_fn=lambda m, b: mnrl_loss(m, b, aux_coef=aux_coef), cfg=cfg, eval_fn=eval_fn)
-    return res
+                      eval_every=eval_every, log_every=max(1, steps // 10), max_grad_norm=1.0, device="auto",
+                      progress=False, desc="mnrl", grad_accum=grad_accum)
+    return train(model, loader, loss_fn=lambda m, b: mnrl_loss(m, b, aux_coef=aux_coef, embed=embed), cfg=cfg,
+                 eval_fn=eval_fn)
 
 
 def moe_specialisation(st) -> pd.DataFrame:
@@ -426,3 +427,377 @@ def moe_specialisation(st) -> pd.DataFrame:
     from moelab.core.layer import moe_layers
 
     return pd.DataFrame([dict(layer=i, expert_similarity=expert_similarity(l)) for i, l in enumerate(moe_layers(st))])
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# paper profile: the paper's data from local copies (nothing can be downloaded here)
+# ----------------------------------------------------------------------------------------------------------------------
+_TABLE_EXT = (".jsonl", ".jsonl.gz", ".json", ".parquet", ".csv")
+
+
+def _find_split_file(path, split: str, asset: str):
+    from pathlib import Path
+
+    from moelab.assets import MissingAsset
+
+    if path is None or not Path(path).exists():
+        raise MissingAsset(asset, f"no local copy at {str(path)!r} (hub datasets cannot be downloaded here)",
+                           f"copy the {asset} files (e.g. `{split}.jsonl.gz` or `{split}-*.parquet`) from a machine "
+                           "with hub access and pass the folder")
+    p = Path(path)
+    if p.is_file():
+        return p
+    cands = sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(_TABLE_EXT) and
+                   (f.name.startswith(split) or f.parent.name == split))
+    if not cands:
+        raise MissingAsset(asset, f"{p} has no '{split}' file ({', '.join(_TABLE_EXT)})",
+                           f"copy the {asset} '{split}' split into {p}")
+    return cands[0]
+
+
+def _read_table(f) -> pd.DataFrame:
+    name = f.name
+    if name.endswith(".parquet"):
+        return pd.read_parquet(f)
+    if name.endswith(".csv"):
+        return pd.read_csv(f)
+    return pd.read_json(f, lines=not name.endswith(".json"), compression="infer")
+
+
+def _need_columns(df, cols, what):
+    missing = [c for c in cols if c not in df.columns]
+    if missing:
+        raise ValueError(f"{what}: missing column(s) {missing}; found {list(df.columns)}")
+
+
+def load_allnli_triplets(path, split: str = "train", limit: int | None = None) -> list:
+    """sentence-transformers/all-nli ``triplet`` subset from a local copy -> [(anchor, positive, negative)]
+    (SBA paper §V-C: 30K triplets). Columns anchor, positive, negative."""
+    f = _find_split_file(path, split, "all-nli (sentence-transformers/all-nli, triplet)")
+    df = _read_table(f)
+    _need_columns(df, ["anchor", "positive", "negative"], str(f))
+    if limit is not None:
+        df = df.iloc[:limit]
+    return list(df[["anchor", "positive", "negative"]].itertuples(index=False, name=None))
+
+
+def load_mteb_local(root, split: str = "test") -> dict:
+    """The paper's three MTEB tasks from local copies under ``root`` (one folder each, MTEB's HF layouts):
+
+    - ``STSBenchmark`` (mteb/stsbenchmark-sts): sentence1, sentence2, score in [0, 5];
+    - ``StackExchangeClustering`` (mteb/stackexchange-clustering): rows of sentences (list), labels (list);
+    - ``SprintDuplicateQuestions`` (mteb/sprintduplicatequestions-pairclassification): rows of sentence1 (list),
+      sentence2 (list), labels (list of 0/1).
+
+    Returns {task: DataFrame}. A missing folder -> ``MissingAsset``; a wrong layout -> ``ValueError``.
+    """
+    from pathlib import Path
+
+    root = Path(root) if root is not None else None
+    spec = {"STSBenchmark": ["sentence1", "sentence2", "score"],
+            "StackExchangeClustering": ["sentences", "labels"],
+            "SprintDuplicateQuestions": ["sentence1", "sentence2", "labels"]}
+    out = {}
+    for task, cols in spec.items():
+        f = _find_split_file(None if root is None else root / task, split, f"MTEB {task}")
+        df = _read_table(f)
+        _need_columns(df, cols, str(f))
+        out[task] = df
+    return out
+
+
+def evaluate_mteb_local(encode_fn, tasks: dict, seed: int = 0) -> pd.DataFrame:
+    """MTEB's main scores on local copies (per set / per item rows: task, item, metric, score):
+    STS Spearman of cosine vs gold, clustering V-measure of mini-batch k-means (k = #labels, per set),
+    pair classification average precision of cosine similarity (per set). Metrics from scipy / scikit-learn."""
+    from scipy.stats import spearmanr
+    from sklearn.cluster import MiniBatchKMeans
+    from sklearn.metrics import average_precision_score, v_measure_score
+
+    rows = []
+    if "STSBenchmark" in tasks:
+        df = tasks["STSBenchmark"]
+        a, b = encode_fn(list(df.sentence1)), encode_fn(list(df.sentence2))
+        cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+        rows.append(dict(task="STSBenchmark", item=0, metric="cos_spearman",
+                         score=float(spearmanr(cos, df.score).statistic)))
+    if "StackExchangeClustering" in tasks:
+        for i, r in enumerate(tasks["StackExchangeClustering"].itertuples(index=False)):
+            emb = encode_fn(list(r.sentences))
+            k = len(set(r.labels))
+            pred = MiniBatchKMeans(n_clusters=k, batch_size=32, n_init="auto", random_state=seed).fit_predict(emb)
+            rows.append(dict(task="StackExchangeClustering", item=i, metric="v_measure",
+                             score=float(v_measure_score(list(r.labels), pred))))
+    if "SprintDuplicateQuestions" in tasks:
+        for i, r in enumerate(tasks["SprintDuplicateQuestions"].itertuples(index=False)):
+            a, b = encode_fn(list(r.sentence1)), encode_fn(list(r.sentence2))
+            cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+            rows.append(dict(task="SprintDuplicateQuestions", item=i, metric="cos_ap",
+                             score=float(average_precision_score(np.asarray(list(r.labels)), cos))))
+    if not rows:
+        raise ValueError(f"no known MTEB task among {list(tasks)}")
+    return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# one fine-tuning run, measured (what the notebook memoises per aggregation x seed)
+# ----------------------------------------------------------------------------------------------------------------------
+def finetune_and_measure(*, aggregation: str, seed: int, train_pairs, val_pairs, subjects: dict, steps: int,
+                         batch_size: int, lr: float, eval_every: int, renormalize: bool = True, init: str = "drop",
+                         drop_ratio: float = 0.5, max_tokens: int = 200, evaluate=None, calib_texts=None,
+                         aux_coef: float = 0.01) -> dict:
+    """Build the MoE MiniLM with ``aggregation``, fine-tune it (MNRL) and measure it (SBA paper §V, §VI; nb 02_sba).
+
+    Returns dict(history, val (validation loss per eval), flattened (bool, relative fall of the validation loss,
+    :func:`moelab.train.flattened`), eval (``evaluate(encode_fn)`` table or None), geo / counts (geometry and
+    routing over ``subjects`` after training), similarity (expert similarity per layer), wall_s).
+    """
+    from moelab.train import flattened
+
+    st = build_moe_minilm(renormalize=renormalize, init=init, aggregation=aggregation, seed=seed,
+                          drop_ratio=drop_ratio, calib_texts=calib_texts)
+    res = finetune_embedder(st, train_pairs, val_pairs, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
+                            eval_every=eval_every, aux_coef=aux_coef)
+    st = res.model.cpu().eval()
+    val = res.eval_history
+    flat = flattened(val["val_mnrl"].to_numpy()) if len(val) >= 3 else (False, float("nan"))
+    geo, counts = collect_geometry(st, st_forward_fn(st), subjects, max_tokens)
+    return dict(history=res.history, val=val, flattened=flat, eval=None if evaluate is None else
+                evaluate(st_encode_fn(st)), geo=geo, counts=counts, similarity=moe_specialisation(st),
+                wall_s=res.wall_s)
+
+
+def init_geometry(*, subjects: dict, renormalize: bool, init: str, seed: int = 0, drop_ratio: float = 0.5,
+                  max_tokens: int = 200, calib_texts=None) -> dict:
+    """Geometry, routing and expert similarity of a freshly upcycled MoE MiniLM (before any training)."""
+    st = build_moe_minilm(renormalize=renormalize, init=init, seed=seed, drop_ratio=drop_ratio,
+                          calib_texts=calib_texts)
+    geo, counts = collect_geometry(st, st_forward_fn(st), subjects, max_tokens)
+    return dict(geo=geo, counts=counts, similarity=moe_specialisation(st))
+
+
+def shrinkage_decomposition(geo: pd.DataFrame, by=("layer",)) -> pd.DataFrame:
+    """Mean log-factors of linear aggregation's shrinkage (see module docstring), per group and pooled:
+    log(||y_lin||/r̄) = log s + log f_angular + log f_radius_mix, with each part's share of the total log-shrinkage."""
+    d = geo.assign(log_total=np.log(geo.ratio_linear), log_weight_sum=np.log(geo.f_weight_sum),
+                   log_angular=np.log(geo.f_angular), log_radius_mix=np.log(geo.f_radius_mix),
+                   log_sba=np.log(geo.ratio_sba))
+    cols = ["log_total", "log_weight_sum", "log_angular", "log_radius_mix", "log_sba"]
+    per = d.groupby(list(by), sort=False)[cols].mean().reset_index()
+    pooled = d[cols].mean().to_frame().T
+    for b in by:
+        pooled.insert(0, b, "pooled")
+    out = pd.concat([per, pooled[per.columns]], ignore_index=True)
+    tot = out.log_total.where(out.log_total != 0)
+    for c in ("weight_sum", "angular", "radius_mix"):
+        out[f"share_{c}"] = out[f"log_{c}"] / tot
+    return out
+
+
+def nomic_finetune_and_measure(*, model_path, aggregation: str, seed: int, train_triplets, val_triplets,
+                               subjects: dict, steps: int, batch_size: int, lr: float, grad_accum: int = 1,
+                               eval_every: int = 0, max_tokens: int = 200, mteb_tasks=None, device: str = "cpu",
+                               aux_coef: float = 0.0) -> dict:
+    """Paper profile (SBA paper §V): nomic-embed-text-v2-moe from a local path with ``aggregation`` in place of the
+    linear sum, fine-tuned with MNRL on all-nli triplets (query prefix on anchors, document prefix on the rest),
+    evaluated on the three MTEB tasks from local copies; geometry over ``subjects`` after training."""
+    from moelab.nomic import load_nomic
+    from moelab.seed import seed_everything
+    from moelab.train import flattened
+
+    seed_everything(seed)
+    m = load_nomic(model_path, aggregation=aggregation, device=device)
+    collate = PairCollate(lambda t: m.tokenize(t, "query"), lambda t: m.tokenize(t, "document"))
+    res = finetune_embedder(m, train_triplets, val_triplets, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
+                            eval_every=eval_every, aux_coef=aux_coef, collate=collate, embed=nomic_embed,
+                            grad_accum=grad_accum)
+    m = res.model.eval()
+    val = res.eval_history
+    flat = flattened(val["val_mnrl"].to_numpy()) if len(val) >= 3 else (False, float("nan"))
+    geo, counts = collect_geometry(m, nomic_forward_fn(m), subjects, max_tokens)
+    ev = None
+    if mteb_tasks is not None:
+        ev = evaluate_mteb_local(lambda t: m.encode(t, kind="document").numpy(), mteb_tasks, seed=seed)
+    return dict(history=res.history, val=val, flattened=flat, eval=ev, geo=geo, counts=counts,
+                similarity=moe_specialisation(m), wall_s=res.wall_s)
+
+
+def nomic_forward_fn(model, batch_size: int = 16):
+    """forward_fn for :func:`collect_geometry` on :class:`moelab.nomic.NomicEmbed` (its MoE sees real tokens only)."""
+
+    def run(texts):
+        model.encode(texts, kind="document", batch_size=batch_size)
+        return None
+
+    return run
+
+
+def scores_long(runs: dict) -> pd.DataFrame:
+    """{(aggregation, seed): run dict with an ``eval`` table} -> one long table with aggregation and seed columns."""
+    frames = [r["eval"].assign(aggregation=a, seed=s) for (a, s), r in runs.items() if r.get("eval") is not None]
+    if not frames:
+        raise ValueError("no evaluation tables in the runs")
+    return pd.concat(frames, ignore_index=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# notebook tables and figures (02_sba)
+# ----------------------------------------------------------------------------------------------------------------------
+def upcycling_exactness(texts) -> pd.DataFrame:
+    """Max |embedding difference| between MiniLM and its sparse-upcycled MoE under both routings (nb 02_sba §1)."""
+    from moelab.assets import load_minilm
+
+    dense = load_minilm()
+    dense.max_seq_length = 128
+    ref = dense.encode(list(texts), convert_to_tensor=True)
+    rows = []
+    for name, renorm in [("renormalised top-2", True), ("unnormalised top-2 (nomic)", False)]:
+        st = build_moe_minilm(renormalize=renorm, init="sparse")
+        for agg in ("linear", "sba"):
+            set_aggregation(st, agg)
+            emb = st.encode(list(texts), convert_to_tensor=True)
+            rows.append(dict(construction=name if agg == "linear" else f"{name}, SBA", aggregation=agg,
+                             max_abs_diff=float((emb - ref).abs().max()),
+                             min_cosine=float((emb * ref).sum(-1).min())))
+    return pd.DataFrame(rows)
+
+
+def _task_col(df):
+    for c in ("benchmark", "task", "name", "dataset"):
+        if c in df.columns:
+            return c
+    raise ValueError(f"evaluation table has no benchmark/task column: {list(df.columns)}")
+
+
+def _with_key(scores: pd.DataFrame) -> pd.DataFrame:
+    """Add ``bench`` = benchmark (+ '/metric' when a benchmark reports several metrics)."""
+    tc = _task_col(scores)
+    if "metric" not in scores.columns:
+        return scores.assign(bench=scores[tc].astype(str))
+    multi = scores.groupby(tc)["metric"].transform("nunique") > 1
+    return scores.assign(bench=np.where(multi, scores[tc].astype(str) + "/" + scores["metric"].astype(str),
+                                        scores[tc].astype(str)))
+
+
+def training_table(runs: dict) -> pd.DataFrame:
+    rows = []
+    for (agg, seed), r in runs.items():
+        h, v = r["history"], r["val"]
+        flat, fall = r["flattened"]
+        rows.append(dict(aggregation=agg, seed=seed, steps=int(h.step.max()),
+                         train_mnrl_first=float(h.mnrl.iloc[0]), train_mnrl_last=float(h.mnrl.iloc[-1]),
+                         val_mnrl_first=float(v.val_mnrl.iloc[0]) if len(v) else np.nan,
+                         val_mnrl_last=float(v.val_mnrl.iloc[-1]) if len(v) else np.nan,
+                         flattened=bool(flat), val_relative_fall=float(fall), wall_s=float(r["wall_s"])))
+    return pd.DataFrame(rows)
+
+
+def plot_validation(runs: dict):
+    fig, ax = plt_subplots(1, 1, figsize=(5, 3.2))
+    for (agg, seed), r in runs.items():
+        v = r["val"]
+        if len(v):
+            ax.plot(v.step, v.val_mnrl, label=f"{agg} s{seed}", color=_COLORS.get(agg), alpha=0.5 + 0.15 * (seed % 3))
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation MNRL")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+_COLORS = {"linear": "tab:blue", "sba": "tab:orange", "sba_normfree": "tab:green", "sba_unit": "tab:red"}
+
+
+def plt_subplots(*a, **k):
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(*a, **k)
+
+
+def plot_hist(geo: pd.DataFrame, col: str, xlabel: str, by: str = "model", bins: int = 60):
+    """Overlaid normalised histograms of ``col`` per ``by`` group (Figs. 1 and 2)."""
+    fig, ax = plt_subplots(1, 1, figsize=(6, 3.4))
+    lo, hi = np.nanpercentile(geo[col], [0.5, 99.5])
+    edges = np.linspace(lo, hi, bins)
+    for name, d in geo.groupby(by, sort=False):
+        ax.hist(d[col].clip(lo, hi), bins=edges, density=True, histtype="step", lw=1.4, label=name)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("density")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_fig5(geo: pd.DataFrame):
+    """||y||/r̄ of each model's own operator (linear-trained: linear; SBA-trained: SBA), plus init models (both)."""
+    fig, ax = plt_subplots(1, 1, figsize=(6, 3.4))
+    edges = np.linspace(0, 1.3, 66)
+    for name, d in geo.groupby("model", sort=False):
+        ops = ["linear", "sba"] if d.stage.iloc[0] == "init" else (
+            [name.split(" ")[0]] if name.split(" ")[0] in AGGREGATIONS else ["linear"])
+        for op in ops:
+            ax.hist(d[f"ratio_{op}"].clip(0, 1.3), bins=edges, density=True, histtype="step", lw=1.3,
+                    ls="-" if op == "linear" else "--", label=f"{name}: {op}")
+    ax.axvline(1.0, color="k", lw=0.6)
+    ax.set_xlabel("||y|| / mean(r1, r2)")
+    ax.set_ylabel("density")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+def specialisation_table(inits: dict, runs: dict) -> pd.DataFrame:
+    """Routing JSD across subjects (mean over MoE layers) and mean expert similarity, at init and after training."""
+    rows = []
+    for name, r in inits.items():
+        rows.append(dict(model=name, stage="init", seed=None,
+                         routing_jsd_bits=float(routing_jsd(r["counts"]).set_index("layer").loc["mean", "jsd_bits"]),
+                         expert_similarity=float(r["similarity"].expert_similarity.mean())))
+    for (agg, seed), r in runs.items():
+        rows.append(dict(model=f"{agg} (fine-tuned)", stage="fine-tuned", seed=seed,
+                         routing_jsd_bits=float(routing_jsd(r["counts"]).set_index("layer").loc["mean", "jsd_bits"]),
+                         expert_similarity=float(r["similarity"].expert_similarity.mean())))
+    return pd.DataFrame(rows)
+
+
+def table_one(scores: pd.DataFrame) -> pd.DataFrame:
+    """Table I/II: per aggregation and benchmark, mean over seeds (x100) with a bootstrap 95% CI over seeds, and the
+    mean of the per-run intervals the suite reports (bootstrap over items / subsets)."""
+    from moelab.stats import bootstrap_ci
+
+    sc = _with_key(scores)
+    rows = []
+    for (agg, bench), d in sc.groupby(["aggregation", "bench"], sort=False):
+        v = d.groupby("seed").score.mean().to_numpy()
+        est, lo, hi = bootstrap_ci(v) if len(v) > 1 else (v[0],) * 3
+        row = dict(aggregation=agg, benchmark=bench, mean=100 * est, seeds_ci_low=100 * lo, seeds_ci_high=100 * hi,
+                   n_seeds=len(v))
+        if "ci_low" in d.columns:
+            row.update(run_ci_low=100 * d.ci_low.mean(), run_ci_high=100 * d.ci_high.mean())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def table_claims(claims, scores: pd.DataFrame, aggregations, paper: dict | None = None) -> list:
+    """One ``effect`` claim per benchmark and non-linear aggregation vs linear, paired over seeds (the suite reports
+    one score per benchmark and run). Returns the records."""
+    sc = _with_key(scores)
+    paper = paper or PAPER_TABLE
+    out = []
+    for agg in [a for a in aggregations if a != "linear"]:
+        for bench, d in sc.groupby("bench", sort=False):
+            a = d[d.aggregation == agg].groupby("seed").score.mean()
+            b = d[d.aggregation == "linear"].groupby("seed").score.mean()
+            common = a.index.intersection(b.index)
+            if len(common) == 0:
+                continue
+            out.append(claims.effect(f"{agg} beats linear aggregation on {bench}",
+                                     f"Table I/II: {paper.get(agg, '')}", a[common].to_numpy(), b[common].to_numpy(),
+                                     higher_is_better=True, detail=f"per-seed scores, {len(common)} seed(s)"))
+    return out
+
+
+# the paper's Tables I/II (STSBenchmark / StackExchange / SprintDuplicate, x100): differences vs linear
+PAPER_TABLE = {"sba": "SBA 71.51/86.19/89.06 vs linear 71.18/85.66/83.66",
+               "sba_normfree": "norm-free 71.37/85.64/89.69 vs linear 71.18/85.66/83.66",
+               "sba_unit": "unit 68.35/0.00/88.19 vs linear 71.18/85.66/83.66"}

@@ -166,10 +166,21 @@ class Capture:
         return False
 
     # -------------------------------------------------------------------------------------------- results
+    @staticmethod
+    def _consolidate(parts: list):
+        """Concatenate the stored chunks once and keep only the result (later accesses cost nothing; the one-time
+        concatenation briefly holds the data twice)."""
+        if len(parts) > 1:
+            whole = torch.cat(parts)
+            parts.clear()
+            parts.append(whole)
+
     @property
     def records(self) -> dict:
         out = {}
         for name, st in self._stores.items():
+            for parts in (st.indices, st.weights, st.positions, st.outputs):
+                self._consolidate(parts)
             r = {"indices": torch.cat(st.indices) if st.indices else torch.zeros(0, 0, dtype=torch.long),
                  "weights": torch.cat(st.weights) if st.weights else torch.zeros(0, 0),
                  "positions": torch.cat(st.positions) if st.positions else torch.zeros(0, dtype=torch.long),

@@ -62,6 +62,9 @@ def moe_dispatch(x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor |
     """
     E = experts.num_experts
     _check(x, indices, weights, E)
+    pdt = next((p.dtype for p in experts.parameters() if p.is_floating_point()), x.dtype)
+    if x.dtype != pdt:
+        raise ValueError(f"x dtype {x.dtype} != expert parameter dtype {pdt}")
     T, k = indices.shape
     d = x.shape[1]
     order, counts, n, offs, eid = sort_by_expert(indices, E)
@@ -72,7 +75,7 @@ def moe_dispatch(x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor |
         out_sorted = torch.cat([out_sorted, out_sorted.new_zeros(T * k - n, out_sorted.shape[1])])
     inv = torch.empty_like(order)
     inv[order] = torch.arange(T * k, device=order.device)
-    expert_outputs = out_sorted[inv].view(T, k, -1)                          # e_{t,j} = E_{i_{t,j}}(x_t)   [T,k,d]
+    expert_outputs = out_sorted[inv].view(T, k, out_sorted.shape[1])                       # e_{t,j} = E_{i_{t,j}}(x_t)   [T,k,d]
     if weights is None:
         return expert_outputs
     w = weights.to(expert_outputs.dtype)

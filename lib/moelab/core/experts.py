@@ -63,17 +63,31 @@ def _grouped_mm_ok(xs: torch.Tensor, w: torch.Tensor) -> bool:
             and (w.shape[-2] * es) % 16 == 0 and (w.shape[-1] * es) % 16 == 0)
 
 
+IMPLS = ("auto", "grouped_mm", "loop", "fused")
+
+
+def _resolve_impl(impl: str, xs: torch.Tensor, w: torch.Tensor) -> str:
+    """"auto": grouped_mm on CUDA when its alignment rules allow, else the fused per-expert loop (faster than
+    torch's CPU grouped_mm, which is itself a loop of mm with a concatenating backward; see benchmarks/README.md)."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "auto":
+        return "grouped_mm" if (xs.device.type == "cuda" and _grouped_mm_ok(xs, w)) else "fused"
+    return impl
+
+
 def grouped_linear(xs: torch.Tensor, w: torch.Tensor, counts: list[int], offs: torch.Tensor | None,
                    bias: torch.Tensor | None = None, impl: str = "auto", expert_ids: torch.Tensor | None = None
                    ) -> torch.Tensor:
     """Rows of ``xs [S,in]`` sorted by expert (``counts[e]`` rows for expert e) times ``w[e]^T`` (``w [E,out,in]``).
 
     impl: ``"grouped_mm"`` (``torch.nn.functional.grouped_mm``, one kernel; needs 16-byte aligned strides),
-    ``"loop"`` (one ``F.linear`` per non-empty expert), ``"auto"`` (grouped_mm when allowed, else loop).
+    ``"loop"`` (one ``F.linear`` per non-empty expert), ``"auto"``/``"fused"`` (grouped_mm when allowed, else loop).
+    (Whole-FFN ``"fused"`` and ``"auto"`` choices are made in :meth:`StackedExperts.grouped_forward`.)
     """
-    if impl not in ("auto", "grouped_mm", "loop"):
-        raise ValueError(f"impl must be 'auto', 'grouped_mm' or 'loop', got {impl!r}")
-    use_gm = impl == "grouped_mm" or (impl == "auto" and _grouped_mm_ok(xs, w))
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    use_gm = impl == "grouped_mm" or (impl in ("auto", "fused") and _grouped_mm_ok(xs, w))
     if use_gm and xs.shape[0] > 0:
         if offs is None:
             offs = torch.tensor(counts, device=xs.device).cumsum(0).to(torch.int32)
@@ -86,12 +100,82 @@ def grouped_linear(xs: torch.Tensor, w: torch.Tensor, counts: list[int], offs: t
             out = out + bias[expert_ids]
         return out
     outs = []
+    ws = w.unbind(0)                           # one unbind: its backward stacks once (w[e] would zero-fill [E,..] per e)
+    bs = bias.unbind(0) if bias is not None else [None] * len(ws)
     for e, chunk in enumerate(xs.split(counts)):
         if chunk.shape[0]:
-            outs.append(F.linear(chunk, w[e], None if bias is None else bias[e]))
+            outs.append(F.linear(chunk, ws[e], bs[e]))
     if not outs:
         return xs.new_zeros(0, w.shape[1])
     return torch.cat(outs)
+
+
+class _FusedExpertFFN(torch.autograd.Function):
+    """Per-expert FFN y_e = W_out[e] a(W_in[e] x_e + b_in[e]) + b_out[e] over expert-sorted rows, with a hand-written
+    backward that writes each expert's weight gradients straight into one [E, ...] buffer.
+
+    Why by hand: autograd over a per-expert loop (or torch's CPU grouped_mm, itself a loop of mm) pays a select/cat
+    backward per expert (zero-filled [E, ...] buffers, concatenations); this does one mm per expert and projection.
+    """
+
+    @staticmethod
+    def forward(ctx, xs, w_in, w_out, b_in, b_out, counts, act):
+        S = xs.shape[0]
+        out = xs.new_empty(S, w_out.shape[1])
+        hs = xs.new_empty(S, w_in.shape[1])
+        start = 0
+        for e, n in enumerate(counts):
+            if n:
+                sl = slice(start, start + n)
+                torch.mm(xs[sl], w_in[e].t(), out=hs[sl])                                  # h = W_in x   [n, f']
+                if b_in is not None:
+                    hs[sl] += b_in[e]
+                torch.mm(apply_act(hs[sl], act), w_out[e].t(), out=out[sl])                # y = W_out a(h)   [n, d]
+                if b_out is not None:
+                    out[sl] += b_out[e]
+                start += n
+        ctx.save_for_backward(xs, w_in, w_out, hs)
+        ctx.counts, ctx.act, ctx.has_b = counts, act, (b_in is not None, b_out is not None)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        xs, w_in, w_out, hs = ctx.saved_tensors
+        g = g.contiguous()
+        need_x, need_wi, need_wo, need_bi, need_bo = ctx.needs_input_grad[:5]
+        gx = torch.zeros_like(xs) if need_x else None
+        gwi = torch.zeros_like(w_in) if need_wi else None
+        gwo = torch.zeros_like(w_out) if need_wo else None
+        gbi = w_in.new_zeros(w_in.shape[:2]) if (need_bi and ctx.has_b[0]) else None
+        gbo = w_out.new_zeros(w_out.shape[:2]) if (need_bo and ctx.has_b[1]) else None
+        start = 0
+        for e, n in enumerate(ctx.counts):
+            if not n:
+                continue
+            sl = slice(start, start + n)
+            start += n
+            with torch.enable_grad():
+                h = hs[sl].detach().requires_grad_(True)
+                a = apply_act(h, ctx.act)                                                   # recompute a(h)
+            ge = g[sl]
+            if gwo is not None:
+                torch.mm(ge.t(), a.detach(), out=gwo[e])                                    # dW_out = g^T a
+            if gbo is not None:
+                gbo[e] = ge.sum(0)
+            da = ge @ w_out[e]                                                              # da = g W_out   [n, f]
+            dh, = torch.autograd.grad(a, h, da)                                             # dh = a'(h) * da
+            if gwi is not None:
+                torch.mm(dh.t(), xs[sl], out=gwi[e])                                        # dW_in = dh^T x
+            if gbi is not None:
+                gbi[e] = dh.sum(0)
+            if gx is not None:
+                torch.mm(dh, w_in[e], out=gx[sl])                                           # dx = dh W_in
+        return gx, gwi, gwo, gbi, gbo, None, None
+
+
+def fused_expert_ffn(xs, w_in, w_out, b_in, b_out, counts: list[int], act: str) -> torch.Tensor:
+    """Expert-sorted rows xs [S,d] through their experts' FFNs (see :class:`_FusedExpertFFN`)   [S, d_out]."""
+    return _FusedExpertFFN.apply(xs.contiguous(), w_in, w_out, b_in, b_out, list(counts), act)
 
 
 # --------------------------------------------------------------------------------------------- optimiser state
@@ -187,6 +271,8 @@ class StackedExperts(nn.Module):
     def grouped_forward(self, xs: torch.Tensor, counts: list[int], offs: torch.Tensor | None = None,
                         expert_ids: torch.Tensor | None = None) -> torch.Tensor:
         """xs [S,d] sorted by expert (counts[e] rows each) -> expert outputs [S,d]."""
+        if _resolve_impl(self.impl, xs, self.w_in) == "fused":
+            return fused_expert_ffn(xs, self.w_in, self.w_out, self.b_in, self.b_out, counts, self.act)
         h = grouped_linear(xs, self.w_in, counts, offs, self.b_in, self.impl, expert_ids)        # [S, f']
         return grouped_linear(apply_act(h, self.act), self.w_out, counts, offs, self.b_out, self.impl, expert_ids)
 
@@ -273,6 +359,9 @@ class AdapterExperts(nn.Module):
 
     def grouped_forward(self, hs: torch.Tensor, counts: list[int], offs: torch.Tensor | None = None,
                         expert_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if _resolve_impl(self.impl, hs, self.w_down) == "fused":
+            return hs + self.scale * fused_expert_ffn(self.dropout(hs), self.w_down, self.w_up, None, None, counts,
+                                                      self.act)
         a = apply_act(grouped_linear(self.dropout(hs), self.w_down, counts, offs, None, self.impl), self.act)
         return hs + self.scale * grouped_linear(a, self.w_up, counts, offs, None, self.impl)
 

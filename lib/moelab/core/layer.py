@@ -150,7 +150,8 @@ class MoELayer(nn.Module):
             y = y + s
         k_loss = min(self.top_k, z.shape[1]) if self.router_type in ("topk", "group", "cosine") else 1
         am = attention_mask if (attention_mask is not None and attention_mask.numel() == z.shape[0]) else None
-        self.aux_loss = load_balancing_loss(z.float().nan_to_num(neginf=-1e4), z.shape[1], k_loss, am)
+        self.aux_loss = (load_balancing_loss(z.float().nan_to_num(neginf=-1e4), z.shape[1], k_loss, am)
+                         if z.shape[0] else z.new_zeros((), dtype=torch.float32))
         return y.reshape(shape)
 
     # ------------------------------------------------------------------------------------------ growing pools

@@ -13,7 +13,7 @@
 
 Every training and validation record is checked against every evaluation item (all ``test`` records, all
 ``lmeval`` task items, all HumanEval prompts): exact duplicates after normalisation and near-duplicates
-(template-aware character 5-gram Jaccard >= 0.8, ``dedup``) are removed and counted in ``build_stats``.
+(character 5-gram Jaccard >= 0.9, ``dedup``) are removed and counted in ``build_stats``.
 Deterministic (seed 0) and cached with ``moelab.cache.memo``.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 from moelab import profiles
 from moelab.suite import bigbench, codegen, dedup, mathgen
 
-VERSION = "instruct-v1"
+VERSION = "instruct-v2"
 SEED = 0
 MATH_MC_TASK = "elementary_math_qa/question_only"
 REASONING_TRAIN_TASKS = [

@@ -1,0 +1,325 @@
+"""MASS pieces (moelab.mass) against loops and the paper's formulas (notebook 04)."""
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from scipy.spatial.distance import jensenshannon
+from scipy.stats import norm
+
+from moelab.mass import (MassConfig, MassExpander, StackedMoETransformer, _nll, cpd_pvalue, elbow_max_chord,
+                         eval_per_sequence, frontier, project_rows, rolling_z, routing_jsd, top_p_weights,
+                         topk_weights, train_stacked, weight_grad_cos)
+
+
+def tiny(M=3, E=4, num=None, **kw):
+    kw = kw or dict(top_k=2)
+    return StackedMoETransformer(M, 11, 8, 2, 6, E, num_experts=num if num is not None else E, seeds=range(M), **kw)
+
+
+def test_topk_weights_match_loop():
+    torch.manual_seed(0)
+    probs = torch.softmax(torch.randn(2, 5, 6), -1)
+    k = torch.tensor([1, 3])
+    w = topk_weights(probs, k)
+    for m in range(2):
+        for n in range(5):
+            top = torch.topk(probs[m, n], int(k[m])).indices
+            ref = torch.zeros(6)
+            ref[top] = probs[m, n, top]
+            if k[m] > 1:
+                ref = ref / ref.sum()
+            torch.testing.assert_close(w[m, n], ref)
+
+
+def test_top_p_weights_match_loop():
+    torch.manual_seed(1)
+    logits = torch.randn(3, 7, 8)
+    logits[0, :, 5:] = float("-inf")                   # free slots
+    w = top_p_weights(logits, 0.5)
+    probs = torch.softmax(logits, -1)
+    for m in range(3):
+        for n in range(7):
+            p, idx = torch.sort(probs[m, n], descending=True)
+            keep, c = [], 0.0
+            for j in range(8):                          # smallest set whose mass reaches p
+                keep.append(int(idx[j]))
+                c += float(p[j])
+                if c >= 0.5:
+                    break
+            ref = torch.zeros(8)
+            ref[keep] = probs[m, n, keep] / probs[m, n, keep].sum()
+            torch.testing.assert_close(w[m, n], ref)
+    assert (w[0, :, 5:] == 0).all()
+
+
+def _single_model_reference(model, m, tokens):
+    """Loop reference of model m: per token, per expert."""
+    with torch.no_grad():
+        B, S = tokens.shape
+        d, H = model.d, model.h
+        ln = lambda x, n: F.layer_norm(x, (d,)) * model.ln[f"{n}_g"][m] + model.ln[f"{n}_b"][m]
+        x = model.emb[m][tokens] + model.pe[:S]
+        q, k, v = (ln(x, "ln1") @ model.wqkv[m].T).split(d, -1)
+        heads = lambda t: t.reshape(B, S, H, d // H).transpose(1, 2)
+        att = torch.softmax((heads(q) @ heads(k).transpose(-1, -2)) / math.sqrt(d // H)
+                            + torch.triu(torch.full((S, S), float("-inf")), 1), -1) @ heads(v)
+        h = x + att.transpose(1, 2).reshape(B, S, d) @ model.wo[m].T
+        u = ln(h, "ln2").reshape(-1, d)
+        y = torch.zeros_like(u)
+        act = model.active[m]
+        for n in range(u.shape[0]):
+            logit = model.gate[m] @ u[n]
+            logit[~act] = float("-inf")
+            p = torch.softmax(logit, -1)
+            kk = min(int(model.top_k[m]), int(act.sum()))
+            top = torch.topk(p, kk).indices
+            w = p[top] / p[top].sum() if kk > 1 else p[top]
+            for wi, e in zip(w, top):
+                y[n] += wi * F.silu(model.w1[m, e] @ u[n] + model.b1[m, e])
+        z = h + y.reshape(B, S, d)
+        return ln(z, "ln3") @ model.dec[m].T
+
+
+def test_stacked_forward_matches_per_model_loop():
+    model = StackedMoETransformer(3, 11, 8, 2, 6, 4, num_experts=[1, 3, 4], top_k=[1, 2, 4], seeds=[0, 1, 2])
+    tokens = torch.randint(0, 11, (2, 6), generator=torch.Generator().manual_seed(0))
+    out = model(tokens)
+    for m in range(3):
+        torch.testing.assert_close(out[m], _single_model_reference(model, m, tokens), atol=1e-5, rtol=1e-5)
+
+
+def test_models_are_independent_and_seeded():
+    a = StackedMoETransformer(2, 11, 8, 2, 6, 4, num_experts=4, top_k=2, seeds=[7, 8])
+    b = StackedMoETransformer(1, 11, 8, 2, 6, 4, num_experts=4, top_k=2, seeds=[8])
+    tokens = torch.randint(0, 11, (2, 6))
+    torch.testing.assert_close(a(tokens)[1], b(tokens)[0])
+    # gradient of model 0's loss does not touch model 1
+    _nll(a(tokens[:, :-1]), tokens)[0].sum().backward()
+    assert a.w1.grad[1].abs().sum() == 0 and a.w1.grad[0].abs().sum() > 0
+
+
+def test_free_slots_get_no_gradient():
+    model = tiny(M=1, E=4, num=2)
+    tokens = torch.randint(0, 11, (3, 6))
+    _nll(model(tokens[:, :-1]), tokens).sum().backward()
+    assert model.w1.grad[0, 2:].abs().sum() == 0 and model.gate.grad[0, 2:].abs().sum() == 0
+    assert torch.isfinite(model.gate.grad).all()
+
+
+def test_training_lowers_loss_and_eval_shape():
+    docs = np.tile(np.arange(7) % 5, (40, 1))       # a deterministic cycle
+    model = tiny(M=2, E=2)
+    hist = train_stacked(model, docs, steps=40, batch_size=8, lr=1e-2, log_every=39)
+    first, last = hist[hist.step == 0].loss.mean(), hist[hist.step == 39].loss.mean()
+    assert last < 0.5 * first
+    assert eval_per_sequence(model, docs[:5]).shape == (2, 5)
+
+
+def test_rolling_z_and_pvalue_match_formula():
+    rng = np.random.default_rng(0)
+    g = rng.random(30)
+    z = rolling_z(g, window=5, warmup=3)
+    t = 10
+    w = g[t - 4: t + 1]
+    assert z[t - 2] == pytest.approx((g[t] - w.mean()) / w.std(ddof=1))
+    s = z[-5:].sum() / math.sqrt(5)
+    assert cpd_pvalue(z[-5:], 5) == pytest.approx(1 - norm.cdf(s))
+
+
+def test_zero_gradients_are_defined():
+    z = rolling_z(np.zeros(20), window=5, warmup=2)
+    assert np.all(z == 0)
+    assert cpd_pvalue(z[-5:], 5) == pytest.approx(0.5)
+    assert weight_grad_cos(torch.ones(3, 3), torch.zeros(3, 3)) == 1.0
+    assert weight_grad_cos(torch.zeros(3, 3), torch.ones(3, 3)) == 1.0
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    assert weight_grad_cos(a, b) == pytest.approx(float(F.cosine_similarity(a.reshape(1, -1), b.reshape(1, -1))), abs=1e-6)
+
+
+def test_project_rows_matches_loop():
+    w, g = torch.randn(4, 3), torch.randn(4, 3)
+    out = project_rows(g, w)
+    for r in range(4):
+        torch.testing.assert_close(out[r], (g[r] @ w[r]) / (w[r] @ w[r] + 1e-12) * w[r])
+    torch.testing.assert_close(project_rows(g[0], w[0]), out[0])
+    with pytest.raises(ValueError, match="shape"):
+        project_rows(g, w[:2])
+
+
+def test_duplicate_copies_and_decomposes_gradients():
+    model = tiny(M=2, E=4, num=2)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    tokens = torch.randint(0, 11, (3, 6))
+    _nll(model(tokens[:, :-1]), tokens).sum().backward()
+    opt.step()
+    _nll(model(tokens[:, :-1]), tokens).sum().backward()
+    g_w1, g_gate = model.w1.grad[1, 0].clone(), model.gate.grad[1, 0].clone()
+    MassExpander.duplicate(model, opt, 1, src=0, dst=2)
+    assert model.active[1].tolist() == [True, True, True, False] and model.active[0].tolist() == [True, True, False, False]
+    torch.testing.assert_close(model.w1[1, 2], model.w1[1, 0])
+    torch.testing.assert_close(model.gate[1, 2], model.gate[1, 0])
+    torch.testing.assert_close(model.w1.grad[1, 2], g_w1)               # new expert: full gradient
+    torch.testing.assert_close(model.w1.grad[1, 0], project_rows(g_w1, model.w1[1, 0]))   # source: aligned part
+    torch.testing.assert_close(model.gate.grad[1, 0], project_rows(g_gate, model.gate[1, 0]))
+    assert opt.state[model.w1]["exp_avg"][1, 2].abs().sum() == 0
+    with pytest.raises(ValueError, match="already active"):
+        MassExpander.duplicate(model, opt, 1, src=0, dst=2)
+
+
+class _FakeModel:
+    """Minimal stand-in exposing what MassExpander reads: w1 (+grad), active, E."""
+
+    def __init__(self, M, E, active):
+        self.M, self.E = M, E
+        self.w1 = torch.nn.Parameter(torch.randn(M, E, 4, 4))
+        self.b1 = torch.nn.Parameter(torch.zeros(M, E, 4))
+        self.gate = torch.nn.Parameter(torch.randn(M, E, 4))
+        self.active = torch.arange(E)[None] < torch.tensor(active)[:, None]
+        for p in (self.w1, self.b1, self.gate):
+            p.grad = torch.zeros_like(p)
+
+
+def _orthogonal_grad(w, scale):
+    g = torch.randn_like(w)
+    g = g - (g * w).sum() / (w * w).sum() * w            # exactly orthogonal: |cos| ~ 0 < delta
+    return scale * g / g.norm()
+
+
+def _more_is_better(model, batch, active):
+    return -active.sum(1).float()                        # NLL falls with every active expert
+
+
+def test_expander_fires_on_rising_gradient():
+    torch.manual_seed(0)
+    cfg = MassConfig(total_steps=400, warmup=3, window=5, max_experts=4, delta=1e-3)
+    assert cfg.can_fire
+    fm = _FakeModel(1, 4, [1])
+    ex = MassExpander(cfg, 1, nll_fn=_more_is_better)
+    for step in range(40):
+        with torch.no_grad():
+            fm.w1.grad[0, 0] = _orthogonal_grad(fm.w1[0, 0], 1.0 + 0.5 * step)
+        ex.after_backward(step, fm, None)
+        if ex.added[0]:
+            break
+    # first possible firing: warm-up 3 norms, then a full window of 5 z-scores -> step 3 + 5 - 2 = 6
+    assert step == 6 and [e["kind"] for e in ex.events] == ["fire", "expand"]
+    assert int(fm.active[0].sum()) == 2 and ex.pairs[0] == [(0, 1)]
+    assert ex.count[0, 0] == 0                                # source's warm-up restarts
+
+
+def test_semantic_test_blocks_aligned_gradients():
+    cfg = MassConfig(total_steps=400, warmup=3, window=5, max_experts=4, delta=1e-3)
+    fm = _FakeModel(1, 4, [1])
+    ex = MassExpander(cfg, 1, nll_fn=_more_is_better)
+    for step in range(30):
+        with torch.no_grad():
+            fm.w1.grad[0, 0] = (1.0 + step) * fm.w1[0, 0]    # |cos| = 1: no semantic drift
+        ex.after_backward(step, fm, None)
+    assert {e["kind"] for e in ex.events} == {"fire"} and int(fm.active[0].sum()) == 1
+
+
+def test_expander_stops_at_max_pool():
+    torch.manual_seed(0)
+    cfg = MassConfig(total_steps=1000, warmup=2, window=3, max_experts=3, delta=1e-3)
+    fm = _FakeModel(1, 3, [2])
+    ex = MassExpander(cfg, 1, nll_fn=_more_is_better)
+    for step in range(60):
+        with torch.no_grad():
+            for e in range(3):
+                fm.w1.grad[0, e] = _orthogonal_grad(fm.w1[0, e], 1.0 + step ** 2) if fm.active[0, e] else 0.0
+        ex.after_backward(step, fm, None)
+        if ex.stopped[0]:
+            break
+    assert ex.stopped[0] and ex.stop_reason[0] == "max_pool"
+    assert int(fm.active[0].sum()) == 3
+    n_before = len(ex.events)
+    ex.after_backward(step + 1, fm, None)                 # stopped: nothing more happens
+    assert len(ex.events) == n_before
+
+
+def test_window_longer_than_run_never_fires():
+    cfg = MassConfig(total_steps=100, warmup=5, window=50)
+    assert not cfg.can_fire
+    fm = _FakeModel(1, 4, [1])
+    ex = MassExpander(cfg, 1)
+    for step in range(100):
+        with torch.no_grad():
+            fm.w1.grad[0, 0] = _orthogonal_grad(fm.w1[0, 0], 1.0 + step)
+        ex.after_backward(step, fm, None)
+    assert not ex.events and int(fm.active[0].sum()) == 1
+
+
+def test_expert_with_no_tokens_never_fires():
+    cfg = MassConfig(total_steps=1000, warmup=2, window=3)
+    fm = _FakeModel(1, 4, [2])
+    ex = MassExpander(cfg, 1)
+    for step in range(50):                                # all gradients zero (no tokens routed)
+        ex.after_backward(step, fm, None)
+    zs = np.array([r[4] for r in ex.trace], float)
+    assert not ex.events and np.all(np.nan_to_num(zs) == 0)
+
+
+def test_nll_stopping_removes_useless_expert_and_stops_after_patience():
+    torch.manual_seed(0)
+    model = tiny(M=1, E=4, num=1, top_p=0.5)
+    model.gate.data.zero_()
+    cfg = MassConfig(total_steps=1000, warmup=2, window=3, patience=2, max_experts=4)
+    ex = MassExpander(cfg, 1)
+    tokens = torch.randint(0, 11, (4, 6))
+    model._last_batch = tokens
+    for i in range(2):
+        # an exact duplicate with identical gate row changes nothing -> masked NLL == full NLL -> removal
+        MassExpander.duplicate(model, None, 0, 0, 1)
+        ex.added[0].append(1)
+        ex.pairs[0].append((0, 1))
+        with torch.no_grad():
+            model._last_losses = _nll(model(tokens[:, :-1]), tokens).mean(1)
+        ex._act(i, model, None, 0, (0, 1e-4, 0.0))
+        assert not bool(model.active[0, 1]) and ex.pairs[0] == []
+    assert ex.stopped[0] and ex.stop_reason[0] == "patience"
+
+
+def test_redundancy_loss_formula():
+    model = tiny(M=2, E=4)
+    ex = MassExpander(MassConfig(total_steps=100, warmup=2, window=3, max_experts=4), 2)
+    ex.pairs[1] = [(0, 2), (1, 3)]
+    ref = sum(float(F.cosine_similarity(model.gate[1, i], model.gate[1, j], dim=0)) ** 2 for i, j in [(0, 2), (1, 3)])
+    assert float(ex.redundancy_loss(0, model)) == pytest.approx(0.01 * ref, rel=1e-5)
+    assert float(ex.redundancy_loss(50, model)) == 0.0       # only during expansion (first 10%)
+
+
+def test_frontier_and_elbow():
+    import pandas as pd
+    df = pd.DataFrame(dict(num_experts=[1, 1, 2, 2, 3], test_loss=[3.0, 2.5, 2.0, 2.2, 1.9], top_k=[1, 2, 1, 2, 1]))
+    fr = frontier(df)
+    assert fr.test_loss.tolist() == [2.5, 2.0, 1.9] and fr.top_k.tolist() == [2, 1, 1]
+    x = np.arange(1, 17)
+    y = np.where(x <= 6, 10 - 1.5 * x, 1.0 - 0.01 * (x - 6))   # piecewise linear: knee at 6
+    assert elbow_max_chord(x, y) == 6
+    with pytest.raises(ValueError):
+        elbow_max_chord([1, 2], [1, 2])
+
+
+def test_routing_jsd_matches_scipy():
+    rng = np.random.default_rng(0)
+    w = rng.dirichlet(np.ones(5), size=200)
+    groups = rng.integers(0, 4, 200)
+    out = routing_jsd(w, groups, 5)                      # group 4 is empty: skipped
+    assert len(out) == 6
+    P = [w[groups == a].mean(0) for a in range(4)]
+    ref = [jensenshannon(P[i], P[j], base=2) ** 2 for i in range(4) for j in range(i + 1, 4)]
+    np.testing.assert_allclose(out, ref, atol=1e-10)
+    assert np.all((out >= 0) & (out <= 1))
+
+
+def test_bad_model_and_config_input():
+    with pytest.raises(ValueError, match="num_experts"):
+        tiny(M=1, E=4, num=5)
+    with pytest.raises(ValueError, match="exactly one"):
+        StackedMoETransformer(1, 11, 8, 2, 6, 4, num_experts=2)
+    with pytest.raises(ValueError, match="window"):
+        MassConfig(total_steps=10, warmup=1, window=1)
+    with pytest.raises(ValueError, match="top_k"):
+        topk_weights(torch.rand(1, 2, 3), torch.tensor([0]))
