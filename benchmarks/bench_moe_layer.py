@@ -1,7 +1,7 @@
 """Forward+backward time of moelab's MoELayer vs transformers' Mixtral sparse block (same weights) vs the dense limit.
 
 Config A: 8 experts, top-2, d 512, d_ff 1024 (SwiGLU), 4096 tokens. Candidates:
-  moelab (grouped_mm), moelab (loop), Mixtral block experts_implementation="eager" and "grouped_mm",
+  moelab impl="auto" (= the fused per-expert loop on CPU, grouped_mm on CUDA), impl="grouped_mm", impl="loop", Mixtral block experts_implementation="eager" and "grouped_mm",
   dense limit = one SwiGLU FFN of intermediate top_k*d_ff over the same tokens (same FLOPs as the routed experts).
 Config B (PESC): frozen SwiGLU FFN of SmolLM2's shape (d 576, d_ff 1536; random weights: timing does not depend on
   values), 4 adapter experts of width 64, top-2 (softmax over the kept logits) vs frozen FFN + one adapter of width 128.
@@ -139,7 +139,7 @@ def config_a(args):
     blk.experts.config._experts_implementation = "eager"
     with torch.no_grad():
         y_ref = blk(x)
-        for impl in ("grouped_mm", "loop"):
+        for impl in ("auto", "grouped_mm", "loop"):
             layer.experts.impl = impl
             assert torch.allclose(layer(x), y_ref, atol=1e-4), impl
         blk.experts.config._experts_implementation = "grouped_mm"
@@ -160,7 +160,7 @@ def config_a(args):
         fn.parameters = blk.parameters
         return fn
 
-    cands = {"moelab_grouped_mm": moelab("grouped_mm"), "moelab_loop": moelab("loop"),
+    cands = {"moelab_auto_fused": moelab("auto"), "moelab_grouped_mm": moelab("grouped_mm"), "moelab_loop": moelab("loop"),
              "mixtral_eager": mixtral("eager"), "mixtral_grouped_mm": mixtral("grouped_mm"), "dense_limit": dense}
     return summarize(run_candidates(cands, x, args.repeats), "dense_limit"), dict(
         d_model=d, d_ff=f, num_experts=E, top_k=k, tokens=T, dense_limit=f"SwiGLU FFN d_ff={k * f}")
@@ -184,7 +184,8 @@ def config_b(args):
         fn.parameters = layer.parameters
         return fn
 
-    cands = {"moelab_pesc_grouped_mm": moelab("grouped_mm"), "moelab_pesc_loop": moelab("loop"),
+    cands = {"moelab_pesc_auto_fused": moelab("auto"), "moelab_pesc_grouped_mm": moelab("grouped_mm"),
+             "moelab_pesc_loop": moelab("loop"),
              "dense_limit": dense}
     return summarize(run_candidates(cands, x, args.repeats), "dense_limit"), dict(
         d_model=d, d_ff=f, num_adapters=E, adapter_width=r, top_k=k, tokens=T,
@@ -271,6 +272,7 @@ def capture_memory(args):
            "note": "peak_rss = ru_maxrss of the whole process; delta = peak - after warm-up; stored = bytes of the "
                    "returned records"}
     p = Path(args.out).parent / "capture_memory.json"
+    p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(res, indent=1))
     print("wrote", p)
 

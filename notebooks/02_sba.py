@@ -64,15 +64,17 @@ run = moelab.start_run("02_sba", profile=PROFILE, seed=SEED)
 cfg = moelab.profiles.select(
     PROFILE,
     smoke=dict(aggregations=["linear", "sba"], seeds=[0], steps=4, batch_size=8, lr=5e-5, eval_every=2,
-               n_subjects=20, per_subject=2, max_tokens=40, inits=["sparse", "drop"], unnorm_run=False),
+               n_subjects=20, per_subject=2, max_tokens=40, inits=["drop"], unnorm_run=False, n_exact=16,
+               benchmarks=["wordnet_sts", "wordnet_clustering", "wordnet_pairs"]),
     default=dict(aggregations=["linear", "sba"], seeds=[0, 1, 2], steps=60, batch_size=16, lr=5e-5, eval_every=10,
-                 n_subjects=24, per_subject=12, max_tokens=150, inits=["sparse", "drop"], unnorm_run=True),
+                 n_subjects=24, per_subject=12, max_tokens=150, inits=["sparse", "drop"], unnorm_run=True, n_exact=64,
+                 benchmarks=["wordnet_sts", "wordnet_clustering", "wordnet_pairs"]),
     full=dict(aggregations=["linear", "sba", "sba_normfree", "sba_unit"], seeds=[0, 1, 2], steps=400,
               batch_size=32, lr=5e-5, eval_every=40, n_subjects=41, per_subject=24, max_tokens=400,
-              inits=["sparse", "drop", "cluster"], unnorm_run=True),
+              inits=["sparse", "drop", "cluster"], unnorm_run=True, n_exact=256, benchmarks=None),
     paper=dict(aggregations=["linear", "sba", "sba_normfree", "sba_unit"], seeds=[0, 1, 2], steps=1400,
                batch_size=16, grad_accum=4, lr=2e-6, eval_every=100, n_subjects=41, per_subject=24, max_tokens=400,
-               n_triplets=30000, inits=[], unnorm_run=False),
+               n_triplets=30000, inits=[], unnorm_run=False, n_exact=0, benchmarks=None),
 )
 cfg["drop_ratio"] = 0.5
 subjects = cache.memo("wordnet_subjects", dict(n=cfg["n_subjects"], per=cfg["per_subject"], seed=SEED),
@@ -99,6 +101,8 @@ else:
     pairs = suite_embed.pairs(PROFILE)
     train_pairs, val_pairs = pairs["train"], pairs["validation"]
     benches = suite_embed.benchmarks(PROFILE)
+    if cfg["benchmarks"]:  # the paper's three kinds: STS, clustering, pair classification
+        benches = {k: benches[k] for k in cfg["benchmarks"]}
 
     def evaluate(encode_fn):
         return suite_embed.evaluate(encode_fn, benches)
@@ -112,8 +116,8 @@ else:
 
 # %%
 if PROFILE != "paper":
-    exact = cache.memo("sba_exactness", dict(v=1, n=64, seed=SEED), lambda: sba.upcycling_exactness(
-        [t for v in subjects.values() for t in v][:64]))
+    exact = cache.memo("sba_exactness", dict(v=1, n=cfg["n_exact"], seed=SEED), lambda: sba.upcycling_exactness(
+        [t for v in subjects.values() for t in v][:cfg["n_exact"]]))
     run.save_table(exact, "check", "upcycling-exactness", caption="max |embedding difference| to MiniLM")
     display(exact)
     ex = exact.set_index("construction").max_abs_diff

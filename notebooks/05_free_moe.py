@@ -114,7 +114,7 @@ display(Markdown(
 # splits (band selection), test = the lm-eval evaluation pools (reporting).
 
 # %%
-general_tasks, task_note = fm.choose_general_tasks("smollm2", GENERAL_CANDIDATES, cfg["max_general"])
+general_tasks, task_note = fm.choose_general_tasks("smollm2-135m-instruct", GENERAL_CANDIDATES, cfg["max_general"])
 data = fm.load_domains(general_tasks, cfg["n_ref"], cfg["n_test"], cfg["n_train"], cfg["code_ref"],
                        cfg["code_test"], cfg["code_train"], cfg["n_he"],
                        instruct_profile="smoke" if PROFILE == "smoke" else "default")

@@ -222,7 +222,7 @@ def test_semantic_test_blocks_aligned_gradients():
 
 def test_expander_stops_at_max_pool():
     torch.manual_seed(0)
-    cfg = MassConfig(total_steps=1000, warmup=2, window=3, max_experts=3, delta=1e-3)
+    cfg = MassConfig(total_steps=1000, warmup=2, window=5, max_experts=3, delta=1e-3)
     fm = _FakeModel(1, 3, [2])
     ex = MassExpander(cfg, 1, nll_fn=_more_is_better)
     for step in range(60):
@@ -240,7 +240,7 @@ def test_expander_stops_at_max_pool():
 
 
 def test_window_longer_than_run_never_fires():
-    cfg = MassConfig(total_steps=100, warmup=5, window=50)
+    cfg = MassConfig(total_steps=100, warmup=5, window=50, max_experts=4)
     assert not cfg.can_fire
     fm = _FakeModel(1, 4, [1])
     ex = MassExpander(cfg, 1)
@@ -252,7 +252,7 @@ def test_window_longer_than_run_never_fires():
 
 
 def test_expert_with_no_tokens_never_fires():
-    cfg = MassConfig(total_steps=1000, warmup=2, window=3)
+    cfg = MassConfig(total_steps=1000, warmup=2, window=3, max_experts=4)
     fm = _FakeModel(1, 4, [2])
     ex = MassExpander(cfg, 1)
     for step in range(50):                                # all gradients zero (no tokens routed)
@@ -285,7 +285,8 @@ def test_redundancy_loss_formula():
     model = tiny(M=2, E=4)
     ex = MassExpander(MassConfig(total_steps=100, warmup=2, window=3, max_experts=4), 2)
     ex.pairs[1] = [(0, 2), (1, 3)]
-    ref = sum(float(F.cosine_similarity(model.gate[1, i], model.gate[1, j], dim=0)) ** 2 for i, j in [(0, 2), (1, 3)])
+    gate = model.gate.detach()
+    ref = sum(float(F.cosine_similarity(gate[1, i], gate[1, j], dim=0)) ** 2 for i, j in [(0, 2), (1, 3)])
     assert float(ex.redundancy_loss(0, model)) == pytest.approx(0.01 * ref, rel=1e-5)
     assert float(ex.redundancy_loss(50, model)) == 0.0       # only during expansion (first 10%)
 
@@ -323,3 +324,45 @@ def test_bad_model_and_config_input():
         MassConfig(total_steps=10, warmup=1, window=1)
     with pytest.raises(ValueError, match="top_k"):
         topk_weights(torch.rand(1, 2, 3), torch.tensor([0]))
+
+
+def test_settings_can_fire_inside_expansion_phase():
+    from moelab.mass import mass_settings, slots_delta
+    for T in (60, 600, 1500, 10000):
+        w0, w = mass_settings(T)
+        cfg = MassConfig(total_steps=T, warmup=w0, window=w)
+        assert w >= 4 and (cfg.can_fire or T < 100)
+    public = MassConfig(total_steps=1000, warmup=max(30, 50), window=max(60, 90))
+    assert not public.can_fire                                  # public settings: first test after 0.14T > 0.1T
+    assert slots_delta(1024 // 2 ** 0) == pytest.approx(0.001 * math.sqrt(524288 / 1024 ** 2))
+    with pytest.raises(ValueError):
+        mass_settings(0)
+
+
+def test_glue_loader_reads_official_tsv_layout(tmp_path):
+    from moelab.assets import MissingAsset
+    from moelab.mass import bert_large_path, load_glue_task
+    (tmp_path / "RTE").mkdir()
+    (tmp_path / "RTE" / "train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n0\tA man runs.\tA person moves."
+                                                "\tentailment\n1\tIt rains.\tIt is dry.\tnot_entailment\n")
+    (tmp_path / "CoLA").mkdir()
+    (tmp_path / "CoLA" / "dev.tsv").write_text("gj04\t1\t\tThe dog barked.\ngj04\t0\t*\tDog the barked.\n")
+    (tmp_path / "MRPC").mkdir()
+    (tmp_path / "MRPC" / "train.tsv").write_text("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tHi there.\tHello there.\n")
+    (tmp_path / "MNLI").mkdir()
+    (tmp_path / "MNLI" / "dev_matched.tsv").write_text("index\tsentence1\tsentence2\tgold_label\n0\tA\tB\tneutral\n")
+    rte = load_glue_task(tmp_path, "rte")
+    assert rte.label.tolist() == ["entailment", "not_entailment"] and rte.text_b[0] == "A person moves."
+    cola = load_glue_task(tmp_path, "cola", "dev")
+    assert cola.text_a.tolist() == ["The dog barked.", "Dog the barked."] and cola.label.tolist() == ["1", "0"]
+    assert load_glue_task(tmp_path, "mrpc").label.tolist() == ["1"]
+    assert load_glue_task(tmp_path, "mnli", "dev").label.tolist() == ["neutral"]
+    with pytest.raises(MissingAsset, match="QNLI"):
+        load_glue_task(tmp_path, "qnli")
+    with pytest.raises(ValueError, match="task"):
+        load_glue_task(tmp_path, "sst9")
+    with pytest.raises(MissingAsset, match="bert-large"):
+        bert_large_path(None)
+    (tmp_path / "bert" ).mkdir()
+    (tmp_path / "bert" / "config.json").write_text("{}")
+    assert bert_large_path(tmp_path / "bert") == tmp_path / "bert"

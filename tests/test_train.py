@@ -13,6 +13,8 @@ from torch import nn
 
 from moelab.train import EMA, Hooks, TrainConfig, flattened, latest_checkpoint, lr_factor, train
 
+torch.set_num_threads(1)  # shared 2-core machine (conftest may do the same)
+
 
 def digits_loader(n=256, batch_size=16, shuffle=True):
     from sklearn.datasets import load_digits
@@ -119,6 +121,7 @@ def test_history_columns_and_training_reduces_loss():
     assert list(h["step"]) == list(range(1, 31))
     assert {"loss", "acc", "lr", "grad_norm", "class_frac_0", "class_frac_9"} <= set(h.columns)
     assert np.allclose(h.filter(like="class_frac_").sum(axis=1), 1.0)
+    assert np.isfinite(h["grad_norm"]).all() and (h["grad_norm"] > 0).all()
     assert h["loss"].iloc[-5:].mean() < h["loss"].iloc[:5].mean()
     assert not r.model.training
 

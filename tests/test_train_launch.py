@@ -20,6 +20,8 @@ from torch import nn
 from moelab import launch
 from moelab.train import TrainConfig, train
 
+torch.set_num_threads(1)  # shared 2-core machine (conftest may do the same)
+
 HERE = Path(__file__).resolve().parent
 VENV_BIN = Path(sys.executable).parent
 

@@ -7,6 +7,8 @@ import torch
 
 from moelab import primer
 
+torch.set_num_threads(1)  # shared 2-core machine (conftest may do the same)
+
 
 def test_load_imbalance_is_coefficient_of_variation():
     f = np.array([0.5, 0.25, 0.125, 0.125])

@@ -946,9 +946,11 @@ def choose_general_tasks(model_name: str, candidates: Sequence[str], max_tasks: 
     in candidate order; without a scorecard, the first candidates (the returned note says which happened)."""
     try:
         from moelab.suite import scorecard
+        if not scorecard.CSV.exists():      # never trigger the (hour-long) scorecard build from here
+            return list(candidates[:max_tasks]), "no committed scorecard yet; fixed candidate list used"
         usable = set(scorecard.usable_tasks(model_name))
-    except Exception as e:  # noqa: BLE001 - scorecard absent or not yet computed: say so in the notebook
-        return list(candidates[:max_tasks]), f"no scorecard ({type(e).__name__}); fixed candidate list used"
+    except (ImportError, ValueError) as e:  # scorecard module absent or model not in it: say so in the notebook
+        return list(candidates[:max_tasks]), f"scorecard unusable ({e}); fixed candidate list used"
     chosen = [t for t in candidates if t in usable][:max_tasks]
     if not chosen:
         return list(candidates[:max_tasks]), "scorecard marks none of the candidates usable; fixed list used"

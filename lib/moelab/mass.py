@@ -28,7 +28,8 @@ from scipy.stats import norm
 
 __all__ = ["StackedMoETransformer", "topk_weights", "top_p_weights", "train_stacked", "eval_per_sequence",
            "rolling_z", "cpd_pvalue", "weight_grad_cos", "project_rows", "MassConfig", "MassExpander",
-           "frontier", "elbow_max_chord", "routing_jsd", "sinusoidal_positions", "collect_routing"]
+           "frontier", "elbow_max_chord", "routing_jsd", "sinusoidal_positions", "collect_routing", "SynthSetup",
+           "run_naive", "run_mass", "jsd_points"]
 
 
 # ----------------------------------------------------------------------------------------------- routing
@@ -168,6 +169,7 @@ def train_stacked(model: StackedMoETransformer, docs: np.ndarray, *, steps: int,
         raise ValueError(f"steps={steps} and batch_size={batch_size} must be >= 1")
     docs_t = torch.as_tensor(docs, dtype=torch.long)
     rng = np.random.default_rng(seed)
+    torch.set_num_threads(1)   # many small ops: one thread is ~10x faster than two on the shared, loaded CPU
     opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=True)
     warm = max(1, int(warmup_frac * steps))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
@@ -469,3 +471,226 @@ def routing_jsd(weights: np.ndarray, groups: np.ndarray, n_groups: int) -> np.nd
             kl = lambda p, q: float(np.sum(np.where(p > 0, p * np.log2(np.where(p > 0, p, 1) / np.where(q > 0, q, 1)), 0)))
             out.append(0.5 * kl(a, mid) + 0.5 * kl(b, mid))
     return np.asarray(out)
+
+
+# ----------------------------------------------------------------------------------------------- experiment drivers
+@dataclass
+class SynthSetup:
+    """Width, sequence length, steps etc. of the synthetic experiment (fixed from the naive grid; notebook 04)."""
+    d_model: int = 16
+    n_heads: int = 2
+    seq_len: int = 16
+    batch_size: int = 16
+    steps: int = 400
+    lr: float = 1e-2
+    max_experts: int = 16
+    n_test: int = 256
+    ginc_seed: int = 0
+    data_seed: int = 1
+
+    def data(self):
+        """(GINC family, train docs [steps*B, S+1], test dict with tokens/states) -- all seeded."""
+        from moelab.ginc import GINCConfig, build_ginc, sample_documents
+        g = build_ginc(GINCConfig(seed=self.ginc_seed))
+        train = sample_documents(g, self.steps * self.batch_size, self.seq_len + 1, seed=self.data_seed)["tokens"]
+        test = sample_documents(g, self.n_test, self.seq_len + 1, seed=self.data_seed + 1000)
+        return g, train, test
+
+
+def _bucket(num_experts: int) -> int:
+    """Slots per stacked group: models are stacked with E padded to 4, 8 or 16 (dense compute scales with slots)."""
+    return next(b for b in (4, 8, 16, 32, 64) if num_experts <= b)
+
+
+def run_naive(setup: SynthSetup, configs: list[tuple[int, int, int]], keep_routing: bool = False) -> dict:
+    """Train naive top-k MoEs ``configs`` = [(num_experts, top_k, seed)], stacked per slot bucket.
+    Returns dict(table: DataFrame(num_experts, top_k, seed, test_loss), item_losses [n_cfg, n_test],
+    history: DataFrame(step, num_experts, top_k, seed, loss), routing: {cfg_index: [N, E]} if keep_routing)."""
+    for E, k, s in configs:
+        if not 1 <= k <= E <= setup.max_experts:
+            raise ValueError(f"bad naive config num_experts={E}, top_k={k} (need 1 <= k <= E <= {setup.max_experts})")
+    g, train, test = setup.data()
+    idx_by_bucket: dict[int, list[int]] = {}
+    for i, (E, _, _) in enumerate(configs):
+        idx_by_bucket.setdefault(_bucket(E), []).append(i)
+    items = np.zeros((len(configs), setup.n_test))
+    hists, routing = [], {}
+    for slots, idx in sorted(idx_by_bucket.items()):
+        cf = [configs[i] for i in idx]
+        model = StackedMoETransformer(len(cf), g.cfg.n_symbols, setup.d_model, setup.n_heads, setup.seq_len, slots,
+                                      num_experts=[c[0] for c in cf], top_k=[c[1] for c in cf],
+                                      seeds=[1000 * c[2] + 17 * c[0] + c[1] for c in cf])
+        h = train_stacked(model, train, steps=setup.steps, batch_size=setup.batch_size, lr=setup.lr, seed=setup.data_seed)
+        h[["num_experts", "top_k", "seed"]] = np.asarray(cf)[h.model.to_numpy()]
+        hists.append(h.drop(columns="model"))
+        items[idx] = eval_per_sequence(model, test["tokens"])
+        if keep_routing:
+            w = collect_routing(model, test["tokens"])
+            for j, i in enumerate(idx):
+                routing[i] = w[j]
+    table = pd.DataFrame(configs, columns=["num_experts", "top_k", "seed"])
+    table["test_loss"] = items.mean(1)
+    return dict(table=table, item_losses=items, history=pd.concat(hists, ignore_index=True), routing=routing)
+
+
+def run_mass(setup: SynthSetup, mass_cfg: MassConfig, seeds, init_experts: int = 2, top_p: float = 0.5) -> dict:
+    """Train ``len(seeds)`` MASS models stacked (MASS Alg. 1 with top-p routing).  Returns dict(table per run:
+    seed, final_experts, mean_active, test_loss, stop_reason; item_losses [R, n_test]; events; trace; history;
+    routing [R, N, E])."""
+    g, train, test = setup.data()
+    R = len(seeds)
+    model = StackedMoETransformer(R, g.cfg.n_symbols, setup.d_model, setup.n_heads, setup.seq_len,
+                                  mass_cfg.max_experts, num_experts=init_experts, top_p=top_p,
+                                  seeds=[5000 + 1000 * s for s in seeds])
+    ex = MassExpander(mass_cfg, R)
+    hist = train_stacked(model, train, steps=setup.steps, batch_size=setup.batch_size, lr=setup.lr,
+                         seed=setup.data_seed, aux_loss=ex.redundancy_loss, after_backward=ex.after_backward)
+    items = eval_per_sequence(model, test["tokens"])
+    w = collect_routing(model, test["tokens"])                          # [R, N, E]
+    table = pd.DataFrame(dict(seed=list(seeds), final_experts=model.active.sum(1).numpy(),
+                              mean_active=(w > 0).sum(-1).mean(1), test_loss=items.mean(1),
+                              stop_reason=[r or "phase_end" for r in ex.stop_reason]))
+    trace = pd.DataFrame(ex.trace, columns=["step", "model", "expert", "grad_norm", "z", "p"])
+    events = pd.DataFrame(ex.events, columns=["step", "model", "kind", "expert", "new", "p", "cos"])
+    return dict(table=table, item_losses=items, events=events, trace=trace, history=hist, routing=w)
+
+
+def jsd_points(routing: np.ndarray, states: np.ndarray, n_entities: int, n_properties: int,
+               n_chunks: int = 8) -> pd.DataFrame:
+    """Mean pairwise routing JSD over entities and over properties (MASS Fig. 3), per chunk of test documents.
+    routing [n_docs*S, E] (input-token order), states [n_docs, S+1] hidden states -> DataFrame(chunk, entity_jsd,
+    property_jsd)."""
+    st = np.asarray(states)[:, :-1]
+    n_docs, S = st.shape
+    w = np.asarray(routing).reshape(n_docs, S, -1)
+    rows = []
+    for c, docs in enumerate(np.array_split(np.arange(n_docs), n_chunks)):
+        ww, ss = w[docs].reshape(-1, w.shape[-1]), st[docs].reshape(-1)
+        rows.append(dict(chunk=c, entity_jsd=routing_jsd(ww, ss // n_properties, n_entities).mean(),
+                         property_jsd=routing_jsd(ww, ss % n_properties, n_properties).mean()))
+    return pd.DataFrame(rows)
+
+
+def mass_settings(total_steps: int) -> tuple[int, int]:
+    """(warm-up, window) used here: max(3, 0.005 T), max(6, 0.01 T).  The public max(30, .05T) / max(60, .09T)
+    need 0.14 T of history before a first test, after the expansion phase (first 0.1 T) has ended; ours let a fresh
+    expert fire after ~0.015 T, so duplications can chain inside the phase.  (With W z-scores each z <= (W-1)/sqrt(W),
+    so S <= W-1; p < 0.01 needs S > 2.33, i.e. W >= 4; we take W >= 6.)"""
+    if total_steps < 1:
+        raise ValueError(f"total_steps={total_steps} must be >= 1")
+    return max(3, round(0.005 * total_steps)), max(6, round(0.01 * total_steps))
+
+
+def slots_delta(d_model: int, paper_delta: float = 0.001, paper_numel: int = 1024 * 512) -> float:
+    """Semantic threshold scaled to our expert size: |cos| of unrelated vectors scales as 1/sqrt(numel W1), so the
+    GLUE delta 0.001 (BERT-large FFN 4096 split into 8 experts: W1 512x1024) maps to 0.001*sqrt(524288/numel)."""
+    if d_model < 1:
+        raise ValueError(f"d_model={d_model} must be >= 1")
+    return paper_delta * math.sqrt(paper_numel / (d_model * d_model))
+
+
+# ----------------------------------------------------------------------------------------------- figures
+def plot_fig2(grid: pd.DataFrame, front: pd.DataFrame, elbow: float, mass: pd.DataFrame, sweep: pd.DataFrame,
+              fixed_experts: int, bayes_floor: float):
+    """Fig. 2: left test loss vs #experts (naive runs, frontier, elbow, MASS runs); right test loss vs top-k at a
+    fixed pool (naive) with MASS at its mean active experts."""
+    import matplotlib.pyplot as plt
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for k, sub in grid.groupby("top_k"):
+        a.scatter(sub.num_experts, sub.test_loss, s=12, alpha=0.5, label=f"naive top-{k}")
+    a.plot(front.num_experts, front.test_loss, "k-", lw=1.5, label="frontier (best per count)")
+    a.axvline(elbow, color="gray", ls="--", label=f"elbow = {elbow:g}")
+    a.scatter(mass.final_experts, mass.test_loss, marker="*", s=150, c="purple", label="MASS runs", zorder=5)
+    a.set(xlabel="# experts", ylabel="test loss (nats/token)", title="Fig 2 left")
+    a.legend(fontsize=7)
+    m = sweep.groupby("top_k").test_loss.agg(["mean", "std"]).reset_index()
+    b.errorbar(m.top_k, m["mean"], yerr=m["std"], fmt="o-", color="gray", label=f"naive, E={fixed_experts}")
+    b.errorbar([mass.mean_active.mean()], [mass.test_loss.mean()], xerr=[mass.mean_active.std()],
+               yerr=[mass.test_loss.std()], fmt="*", ms=14, color="purple", label="MASS (top-p), mean active")
+    for ax in (a, b):
+        ax.axhline(bayes_floor, color="green", ls=":", lw=1, label="Bayes-optimal")
+    b.set(xlabel="top-k (active experts per token)", ylabel="test loss", title="Fig 2 right")
+    b.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_fig3(points: pd.DataFrame):
+    """Fig. 3: contours of (entity JSD, property JSD) points of MASS vs naive runs (points: method, entity_jsd,
+    property_jsd)."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    fig, ax = plt.subplots(figsize=(5, 4.5))
+    colors = {"MASS": "purple", "naive": "gray"}
+    for meth, sub in points.groupby("method"):
+        if len(sub) > 3 and sub[["entity_jsd", "property_jsd"]].std().min() > 0:
+            sns.kdeplot(data=sub, x="entity_jsd", y="property_jsd", ax=ax, color=colors.get(meth), levels=5, fill=False)
+        ax.scatter(sub.entity_jsd, sub.property_jsd, s=8, color=colors.get(meth), alpha=0.6, label=meth)
+    ax.set(xlabel="entity-level JSD of mean routing", ylabel="property-level JSD", title="Fig 3")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def plot_appc(trace: pd.DataFrame, events: pd.DataFrame, max_panels: int = 4, span: int = 30):
+    """App. C: gradient-norm traces of experts around expansion events, detected change points marked."""
+    import matplotlib.pyplot as plt
+    ev = events[events.kind == "expand"].head(max_panels)
+    n = max(1, len(ev))
+    fig, axes = plt.subplots(1, n, figsize=(4 * n, 3.2), squeeze=False)
+    if ev.empty:
+        axes[0, 0].text(0.5, 0.5, "no expansion event", ha="center")
+    for ax, (_, e) in zip(axes[0], ev.iterrows()):
+        tr = trace[(trace.model == e.model) & (trace.step.between(e.step - span, e.step + span))]
+        for ex_id, sub in tr.groupby("expert"):
+            if ex_id in (e.expert, e.new):
+                ax.plot(sub.step, sub.grad_norm, label=f"expert {ex_id}" + (" (new)" if ex_id == e.new else ""))
+        fires = events[(events.model == e.model) & (events.kind == "fire") & (events.expert == e.expert)
+                       & events.step.between(e.step - span, e.step + span)]
+        src = tr[tr.expert == e.expert].set_index("step").grad_norm
+        ax.scatter(fires.step, src.reindex(fires.step).to_numpy(), color="red", zorder=5, label="change point (p<0.01)")
+        ax.axvline(e.step, color="purple", ls="--", lw=1)
+        ax.set(title=f"run {e.model}: expert {e.expert} -> {e.new} @ {e.step}", xlabel="step", ylabel="||grad W1||_F")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------- paper profile (GLUE)
+GLUE_FILES = {"cola": ("CoLA", None), "rte": ("RTE", ("sentence1", "sentence2")), "qnli": ("QNLI", ("question", "sentence")),
+              "mnli": ("MNLI", ("sentence1", "sentence2")), "mrpc": ("MRPC", ("#1 String", "#2 String"))}
+
+
+def load_glue_task(glue_dir, task: str, split: str = "train") -> pd.DataFrame:
+    """Read a GLUE task from the official TSV layout (``<glue_dir>/<TASK>/{train,dev}.tsv``; MNLI dev is
+    ``dev_matched.tsv``) -> DataFrame(text_a, text_b, label). Missing folder -> MissingAsset (paper profile)."""
+    import csv
+    from pathlib import Path
+
+    from moelab.assets import MissingAsset
+    if task not in GLUE_FILES:
+        raise ValueError(f"task={task!r} not among {list(GLUE_FILES)}")
+    folder, cols = GLUE_FILES[task]
+    name = "dev_matched" if (task == "mnli" and split == "dev") else split
+    path = Path(glue_dir) / folder / f"{name}.tsv"
+    if not path.is_file():
+        raise MissingAsset(f"GLUE/{folder}", f"{path} not found (pass GLUE_DIR: the official GLUE data folder)",
+                           command="download GLUE yourself and pass its folder as GLUE_DIR")
+    if cols is None:       # CoLA: no header; columns source, label, original label, sentence
+        rows = list(csv.reader(path.open(encoding="utf-8"), delimiter="\t", quoting=csv.QUOTE_NONE))
+        return pd.DataFrame(dict(text_a=[r[3] for r in rows], text_b="", label=[r[1] for r in rows]))
+    df = pd.read_csv(path, sep="\t", quoting=csv.QUOTE_NONE, dtype=str, keep_default_na=False)
+    lab = "Quality" if task == "mrpc" else ("gold_label" if task == "mnli" and "gold_label" in df else "label")
+    return pd.DataFrame(dict(text_a=df[cols[0]], text_b=df[cols[1]], label=df[lab]))
+
+
+def bert_large_path(path) -> "Path":
+    """A local BERT-large Hugging Face folder (config.json + weights), else MissingAsset (not obtainable offline)."""
+    from pathlib import Path
+
+    from moelab.assets import MissingAsset
+    p = Path(path) if path else None
+    if p is None or not (p / "config.json").is_file():
+        raise MissingAsset("bert-large", f"no config.json under {p} (pass MODEL_PATH: a local bert-large folder)",
+                           command="copy bert-large-uncased (HF format) locally and pass MODEL_PATH")
+    return p

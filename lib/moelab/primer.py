@@ -20,7 +20,7 @@ from moelab.core import moe_layers
 from moelab.core.losses import load_balancing_loss
 
 __all__ = ["wordnet_gloss_pairs", "load_minilm_hf", "embed", "contrastive_loss_fn", "routing_table", "expert_load",
-           "load_imbalance", "train_only_moe", "two_vector_aggregation", "time_dispatch",
+           "load_imbalance", "train_only_moe", "moe_param_groups", "two_vector_aggregation", "time_dispatch",
            "router_logits", "active_expert_counts", "real_norm_ratio", "ffn_inputs"]
 
 
@@ -89,6 +89,19 @@ def train_only_moe(model) -> int:
     for layer in moe_layers(model):
         layer.requires_grad_(True)
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def moe_param_groups(model, router_lr: float, expert_lr: float) -> list[dict]:
+    """Optimiser groups for :func:`moelab.train.train`: routers at ``router_lr``, experts at ``expert_lr`` (a router
+    starts from scratch, the experts are copies of a trained FFN)."""
+    routers, experts = [], []
+    for layer in moe_layers(model):
+        for name, p in layer.named_parameters():
+            if p.requires_grad:
+                (routers if name.startswith("router.") else experts).append(p)
+    if not routers:
+        raise ValueError("no trainable router parameters found (call train_only_moe first)")
+    return [{"params": routers, "lr": router_lr}, {"params": experts, "lr": expert_lr}]
 
 
 def load_imbalance(load) -> np.ndarray:

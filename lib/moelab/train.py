@@ -168,7 +168,7 @@ class Hooks:
 @dataclass
 class TrainResult:
     """What :func:`train` returns: the unwrapped ``model``, the per-step ``history`` (one row per optimiser step:
-    ``step, loss, lr, grad_norm`` and every metric ``loss_fn`` returned; vectors as ``name_0, name_1, ...``),
+    ``step, loss, lr`` (of the first param group), ``grad_norm`` (before clipping) and every metric ``loss_fn`` returned; vectors as ``name_0, name_1, ...``),
     ``eval_history`` (one row per evaluation), ``resumed_from`` (step, or 0) and ``wall_s`` (this call)."""
 
     model: nn.Module
@@ -244,6 +244,9 @@ class EMA:
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
         src = dict(_unwrap(model).named_parameters())
+        first = next(iter(src.values()), None)
+        if first is not None and next(self.module.parameters()).device != first.device:
+            self.module.to(first.device)  # the trained model moved (accelerate.prepare put it on the GPU)
         for name, p in self.module.named_parameters():
             if name not in src:
                 raise ValueError(f"EMA.update: parameter {name!r} missing from the model")
@@ -551,9 +554,8 @@ def train(
         if hooks.after_backward:
             hooks.after_backward(step1, raw, optimizer)
             params = [p for g in optimizer.param_groups for p in g["params"]]
-        grad_norm = float("nan")
-        if cfg.max_grad_norm is not None:
-            grad_norm = float(acc.clip_grad_norm_(params, cfg.max_grad_norm))
+        # total gradient norm before clipping (max_norm=inf only measures: the scale factor is exactly 1)
+        grad_norm = float(acc.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm else float("inf")))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if hooks.after_step:
@@ -561,7 +563,7 @@ def train(
 
         names = ["loss"] + list(metric_sum)
         vals = _reduce_row(acc, names, [loss_sum / cfg.grad_accum] + [v / cfg.grad_accum for v in metric_sum.values()])
-        row = {"step": step1, **dict(zip(names, vals)), "lr": cfg.lr * f, "grad_norm": grad_norm,
+        row = {"step": step1, **dict(zip(names, vals)), "lr": optimizer.param_groups[0]["lr"], "grad_norm": grad_norm,
                "epoch": stream.epoch}
         rows.append(row)
         bar.update(1)

@@ -234,7 +234,9 @@ class StackedExperts(nn.Module):
     optional ``b_in [E, f']``, ``b_out [E, d]``.
 
     Expert e: y = W_out[e] a(W_in[e] x + b_in[e]) + b_out[e], a = SwiGLU / GELU / ... (``act``).
-    ``impl`` picks the grouped matmul (see :func:`grouped_linear`).
+    ``impl``: "auto" (grouped_mm on CUDA when aligned, else "fused"), "fused" (per-expert mm with a hand-written
+    backward, :class:`_FusedExpertFFN`), "grouped_mm" (``torch.nn.functional.grouped_mm`` per projection),
+    "loop" (autograd over per-expert ``F.linear``). All equal the naive loop to float tolerance (tests).
     """
 
     def __init__(self, num_experts: int, d_model: int, d_ff: int, act: str = "swiglu", bias: bool = False,

@@ -35,7 +35,7 @@ class MoELayer(nn.Module):
       num_shared_experts (+ ``shared_expert_gate``: Qwen2-MoE's sigmoid gate), d_ff_shared,
       num_active: only the first num_active slots are active (free slots for growing pools, MASS),
       experts: a prebuilt expert pool (e.g. :class:`AdapterExperts`) replacing the StackedExperts,
-      impl: grouped matmul implementation ("auto" | "grouped_mm" | "loop").
+      impl: expert matmul implementation ("auto" | "fused" | "grouped_mm" | "loop"; see StackedExperts).
 
     After forward: ``last_router_logits [T,E]``, ``last_route`` (RouteOut; indices -1 = empty slot),
     ``aux_loss`` (Switch balancing loss of this forward; see :func:`losses.load_balancing_loss`).

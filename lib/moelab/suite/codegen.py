@@ -49,12 +49,24 @@ def functions_from_source(src: str, module: str) -> list[dict]:
 
 
 def stdlib_functions(root: Path | None = None) -> tuple[list[dict], dict]:
-    """All eligible stdlib functions, sorted by (module, name); plus stats ``{files, skipped: [..]}``."""
+    """All eligible stdlib functions, sorted by (module, name); plus stats ``{files, skipped: [..]}``.
+
+    Cached by (root, Python version) with ``moelab.cache.memo``.
+    """
+    import sys
+
+    from moelab import cache
+
     if root is None:
         from moelab import assets
 
         root = assets.stdlib_dir()
     root = Path(root)
+    return cache.memo("stdlib_functions", dict(root=str(root), python=sys.version, version=1),
+                      lambda: _scan(root))
+
+
+def _scan(root: Path) -> tuple[list[dict], dict]:
     out, skipped, files = [], [], 0
     for p in sorted(root.rglob("*.py")):
         rel = p.relative_to(root)
