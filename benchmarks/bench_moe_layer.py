@@ -277,6 +277,23 @@ def capture_memory(args):
     print("wrote", p)
 
 
+def comparisons(res: dict) -> dict:
+    """Ratios of medians with bootstrap CIs: moelab (auto) vs the dense limit and vs transformers' fastest block."""
+    a = res["config_a"]["results"]
+    hf = min(("mixtral_eager", "mixtral_grouped_mm"), key=lambda k: a[k]["median_s"])
+    out = {"a_moelab_vs_dense": bootstrap_ratio(a["moelab_auto_fused"]["times_s"], a["dense_limit"]["times_s"]),
+           "a_fastest_transformers": hf,
+           "a_moelab_vs_fastest_transformers": bootstrap_ratio(a["moelab_auto_fused"]["times_s"], a[hf]["times_s"]),
+           "a_mixtral_eager_vs_dense": bootstrap_ratio(a["mixtral_eager"]["times_s"], a["dense_limit"]["times_s"]),
+           "a_mixtral_grouped_mm_vs_dense": bootstrap_ratio(a["mixtral_grouped_mm"]["times_s"],
+                                                            a["dense_limit"]["times_s"])}
+    if "config_b" in res:
+        b = res["config_b"]["results"]
+        out["b_moelab_pesc_vs_dense"] = bootstrap_ratio(b["moelab_pesc_auto_fused"]["times_s"],
+                                                        b["dense_limit"]["times_s"])
+    return {k: (dict(ratio=v[0], ci95=[v[1], v[2]]) if isinstance(v, tuple) else v) for k, v in out.items()}
+
+
 def table(name, rows):
     lines = [f"| {name} | median s [95% CI] | x dense limit [95% CI] |", "|---|---|---|"]
     for k, r in rows.items():
@@ -321,6 +338,8 @@ def main():
                  "wall_s": time.time() - t0,
                  "note": "fwd+bwd per call, x requires grad; interleaved shuffled repeats; ratios = median/median"},
     }
+    res["comparisons"] = comparisons(res)
+    print(json.dumps(res["comparisons"], indent=1))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1))
     print("wrote", args.out)

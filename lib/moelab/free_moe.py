@@ -278,8 +278,10 @@ class AppliedMask:
                 em = mask.element_mask(name).to(w.device)
                 if em.shape != w.shape:
                     raise ValueError(f"mask for {name!r} has shape {tuple(em.shape)}, weight {tuple(w.shape)}")
-                self._saved[name] = w[em].clone()                                     # the purified values
-                w[em] = 0                                                              # W_purified = DOWP(W, D)  (Eq. 10)
+                idx = em.reshape(-1).nonzero().squeeze(1)                               # flat positions [n]
+                flat = w.view(-1)
+                self._saved[name] = (idx, flat[idx].clone())                            # the purified values
+                flat[idx] = 0                                                           # W_purified = DOWP(W, D) (Eq. 10)
         self.active = True
 
     def remove(self) -> None:
@@ -287,9 +289,8 @@ class AppliedMask:
             return
         mods = dict(self.model.named_modules())
         with torch.no_grad():
-            for name, vals in self._saved.items():
-                w = mods[name].weight
-                w[self.mask.element_mask(name).to(w.device)] = vals
+            for name, (idx, vals) in self._saved.items():
+                mods[name].weight.view(-1)[idx] = vals                                  # bit-for-bit restore
         self._saved = {}
         self.active = False
 

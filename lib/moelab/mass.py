@@ -29,7 +29,8 @@ from scipy.stats import norm
 __all__ = ["StackedMoETransformer", "topk_weights", "top_p_weights", "train_stacked", "eval_per_sequence",
            "rolling_z", "cpd_pvalue", "weight_grad_cos", "project_rows", "MassConfig", "MassExpander",
            "frontier", "elbow_max_chord", "routing_jsd", "sinusoidal_positions", "collect_routing", "SynthSetup",
-           "run_naive", "run_mass", "jsd_points"]
+           "run_naive", "run_mass", "jsd_points", "mass_settings", "slots_delta", "plot_fig2", "plot_fig3", "plot_appc",
+           "load_glue_task", "bert_large_path"]
 
 
 # ----------------------------------------------------------------------------------------------- routing

