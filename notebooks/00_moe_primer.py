@@ -63,7 +63,7 @@ T0 = time.time()
 run = moelab.start_run("00_moe_primer", profile=PROFILE, seed=SEED)
 torch.set_num_threads(1)  # the 2 cores are shared: one thread is several times faster than two here
 base = dict(num_experts=8, top_k=2, layers="every_other", router_lr=1e-3, expert_lr=3e-5, batch=16, aux_coef=0.05,
-            warmup_frac=0.1, top_p=[0.3, 0.5, 0.7], n_eval=256, n_eval_loss=64, eval_every=10,
+            warmup_frac=0.1, top_p=[0.3, 0.5, 0.7], n_eval=256, n_eval_loss=64, eval_every=20,
             timing_tokens=[64, 256], timing_repeats=3)
 cfg = moelab.profiles.select(
     PROFILE,
@@ -144,10 +144,10 @@ for name, h in history.groupby("run"):
     axes[1].plot(h.step, h[imb_cols].mean(axis=1), label=name)
 axes[0].set(xlabel="step", ylabel="contrastive loss", title="loss: training batches (faint), held-out (dots)")
 axes[1].set(xlabel="step", ylabel="mean CV of expert load", title="load imbalance while training")
-mean_load = load.groupby(["run", "expert"]).load.mean().unstack(0)
-mean_load.plot.bar(ax=axes[2], rot=0)
+last = load[load.layer == load.layer.max()]  # expert ids are per layer: show the last MoE layer
+last.groupby(["run", "expert"]).load.mean().unstack(0)[list(models)].plot.bar(ax=axes[2], rot=0)
 axes[2].axhline(1 / cfg["num_experts"], color="k", lw=0.8, ls="--")  # uniform share 1/E
-axes[2].set(ylabel="share of token-slots", title="held-out load per expert (mean over layers)")
+axes[2].set(ylabel="share of token-slots", title="held-out load per expert, last MoE layer")
 axes[0].legend()
 fig.tight_layout()
 run.savefig(fig, "fig1", "balancing_loss", caption="loss, load imbalance and per-expert load with/without L_bal")

@@ -286,29 +286,33 @@ display(Markdown(f"lm-eval with the routing hook vs the batched scorer on {len(v
 
 # %%
 rg = fm.reference_gains(dowp)
+metric_of = lambda task: "loglik" if task.startswith("moelab_nll") else "acc"  # HumanEval is not a DOWP test task
 rows = []
-for d in subdomains:
-    r = rg[rg.domain == d]
+for (d, met), r in rg.groupby(["domain", "metric"], sort=False):
     e, lo, hi = paired_bootstrap(100 * r.selected.values, 100 * r.base.values)
-    rows.append(dict(domain=d, data="reference (selection)", n=len(r), gain=e, lo=lo, hi=hi))
+    rows.append(dict(domain=d, metric=met, data="reference (selection)", n=len(r), gain=e, lo=lo, hi=hi))
+for d in subdomains:
     t = scores[(scores.method.isin(["DOWP", "BASELINE"])) & scores.task.isin(
         {it["task"] for it in data["test"][d]})].pivot_table(index=["task", "id"], columns="method", values="score")
-    e, lo, hi = paired_bootstrap(100 * t.DOWP.values, 100 * t.BASELINE.values)
-    rows.append(dict(domain=d, data="test (report)", n=len(t), gain=e, lo=lo, hi=hi))
-honesty = pd.DataFrame(rows)
+    for met, tm in t.groupby(lambda ix: metric_of(ix[0])):
+        e, lo, hi = paired_bootstrap(100 * tm.DOWP.values, 100 * tm.BASELINE.values)
+        rows.append(dict(domain=d, metric=met, data="test (report)", n=len(tm), gain=e, lo=lo, hi=hi))
+honesty = pd.DataFrame(rows).sort_values(["metric", "domain", "data"], ignore_index=True)
 run.save_table(honesty.round(3), "selection", "reference-vs-test", caption="DOWP gain (x100) on the reference "
                "items the band was selected on vs on test items, paired bootstrap 95% CI")
-fig, ax = plt.subplots(figsize=(5.5, 3))
+cells = honesty[["domain", "metric"]].drop_duplicates().apply(tuple, axis=1).tolist()
+fig, ax = plt.subplots(figsize=(6.5, 3))
 for j, (dname, g) in enumerate(honesty.groupby("data", sort=False)):
-    x = np.arange(len(g)) + 0.2 * (2 * j - 1)
+    x = np.array([cells.index((r.domain, r.metric)) for r in g.itertuples()]) + 0.15 * (2 * j - 1)
     ax.errorbar(x, g.gain, yerr=[g.gain - g.lo, g.hi - g.gain], fmt="o", capsize=3, label=dname)
-ax.set_xticks(range(len(subdomains)), list(subdomains))
+ax.set_xticks(range(len(cells)), [f"{d}\n{m}" for d, m in cells], fontsize=7)
 ax.axhline(0, color="k", lw=0.6)
 ax.set_ylabel("DOWP - BASELINE (x100)")
+ax.set_yscale("symlog", linthresh=10)
 ax.legend(fontsize=7)
 fig.tight_layout()
 run.savefig(fig, "selection", "reference-vs-test", caption="gain where the band was chosen vs on test")
-display(Markdown("; ".join(f"{r.domain} {r.data}: {r.gain:+.2f} [{r.lo:+.2f}, {r.hi:+.2f}]"
+display(Markdown("; ".join(f"{r.domain} {r.metric} {r.data}: {r.gain:+.2f} [{r.lo:+.2f}, {r.hi:+.2f}]"
                            for r in honesty.itertuples()) + "."))
 honesty
 
@@ -416,10 +420,11 @@ run.claims.effect("DOWP improves over the base model (pooled test accuracy, poin
 run.claims.effect("FREE-MOE (router) improves over the base model (pooled test accuracy, points)",
                   "+1.11 on average", 100 * pool["FREE-MOE"].values, 100 * pool["BASELINE"].values,
                   detail=f"router main-domain accuracy {100 * routing.main_ok.mean():.1f}%")
-ref_all = rg.dropna()
-run.claims.effect("DOWP's gain on the reference items its band was selected on",
+ref_all = rg[rg.metric == "acc"].dropna()
+run.claims.effect("DOWP's gain on the reference items its band was selected on (accuracy, points)",
                   "(paper reports the max over bands, Tables 6-10)", 100 * ref_all.selected.values,
-                  100 * ref_all.base.values, detail="optimistic by construction (selection on the same items)")
+                  100 * ref_all.base.values,
+                  detail="optimistic by construction (selection on the same items); code (likelihood) excluded")
 run.claims.best_of("5% purification ratio is best", "Table 2: 5% (47.79) vs 3% (47.85), 1% (47.75)", "5%",
                    ratio_scores, detail="general domain, test accuracy x100")
 if "table4" in abl and "1x1" in set(abl["table4"].method):

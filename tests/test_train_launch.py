@@ -31,8 +31,14 @@ def fit_digits(config: dict) -> dict:
     from sklearn.datasets import load_digits
 
     torch.set_num_threads(1)
+    from moelab.core import MoELayer
+
     torch.manual_seed(config.get("init_seed", 0))
-    model = nn.Sequential(nn.Linear(64, 32), nn.GELU(), nn.Linear(32, 10))  # no dropout: processes share nothing random
+    # no dropout (processes share nothing random); a top-1 MoE layer of 8 experts leaves some experts without tokens
+    # in a process's half-batch, and its router gets no gradient (top-1 renormalised weight = 1): DDP must cope
+    model = nn.Sequential(nn.Linear(64, 32), nn.GELU(),
+                          MoELayer(32, 64, num_experts=8, top_k=1, act="gelu", renormalize=True),
+                          nn.Linear(32, 10))
     d = load_digits()
     n = config.get("n", 256)
     ds = torch.utils.data.TensorDataset(torch.tensor(d.data[:n] / 16.0, dtype=torch.float32),

@@ -848,6 +848,7 @@ def dowp_select(model: nn.Module, tok, ref_by_sub: dict, bands: Sequence[tuple[f
         ranks = patch_ranks(model, norms, patch, sublayers, scope)
         sw = band_sweep(model, {sub: ranks}, {sub: items}, lambda m, it: score_items(m, tok, it, batch_size), bands)
         sw.insert(0, "domain", domain_of(sub))
+        sw["metric"] = ["acc" if "choices" in items[j] else "loglik" for j in sw["item"]]
         frames.append(sw)
         best = select_bands(sw, bands)[sub]
         selected[sub] = best
@@ -924,15 +925,16 @@ def route_items(router: MultiLevelRouter, model: nn.Module, tok, items: Sequence
 
 def reference_gains(dowp: DowpResult) -> "pd.DataFrame":
     """Per reference item: score of the dense model and of the selected band θ* (chosen on these same items, hence
-    optimistic). Columns domain, cluster, item, base, selected."""
+    optimistic). Columns domain, cluster, item, metric ("acc" | "loglik"), base, selected."""
     sw = dowp.sweep
     rows = []
     for sub, band in dowp.selected.items():
         s = sw[sw.cluster == sub]
         b = s[s.band == "base"].set_index("item").score
         v = s[s.band == band_label(band)].set_index("item").score
-        rows.append(pd_frame(domain=s.domain.iloc[0], cluster=sub, item=b.index.values, base=b.values,
-                             selected=v.reindex(b.index).values))
+        met = s[s.band == "base"].set_index("item").metric
+        rows.append(pd_frame(domain=s.domain.iloc[0], cluster=sub, item=b.index.values, metric=met.values,
+                             base=b.values, selected=v.reindex(b.index).values))
     import pandas as pd
     return pd.concat(rows, ignore_index=True)
 

@@ -478,7 +478,7 @@ def routing_jsd(weights: np.ndarray, groups: np.ndarray, n_groups: int) -> np.nd
 @dataclass
 class SynthSetup:
     """Width, sequence length, steps etc. of the synthetic experiment (fixed from the naive grid; notebook 04)."""
-    d_model: int = 16
+    d_model: int = 32
     n_heads: int = 2
     seq_len: int = 16
     batch_size: int = 16

@@ -613,6 +613,8 @@ def nomic_finetune_and_measure(*, model_path, aggregation: str, seed: int, train
     from moelab.seed import seed_everything
 
     seed_everything(seed)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     m = load_nomic(model_path, aggregation=aggregation, device=device)
     collate = PairCollate(lambda t: m.tokenize(t, "query"), lambda t: m.tokenize(t, "document"))
     res = finetune_embedder(m, train_triplets, val_triplets, steps=steps, batch_size=batch_size, lr=lr, seed=seed,

@@ -45,7 +45,8 @@ import pandas as pd
 import torch
 from torch import nn
 
-__all__ = ["TrainConfig", "TrainResult", "Hooks", "train", "flattened", "EMA", "lr_factor", "latest_checkpoint"]
+__all__ = ["TrainConfig", "TrainResult", "Hooks", "train", "flattened", "EMA", "lr_factor", "latest_checkpoint",
+           "unwrap"]
 
 HOOK_NAMES = ("after_backward", "after_step", "on_eval", "on_save", "before_resume")
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
@@ -287,6 +288,9 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
+unwrap = _unwrap  # public name: the module inside a DDP / compiled wrapper
+
+
 def _rng_state() -> dict:
     s = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -402,7 +406,7 @@ class _BatchStream:
 def _make_accelerator(cfg: TrainConfig):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, PartialState
-    from accelerate.utils import DataLoaderConfiguration
+    from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs
 
     cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
     if cfg.device == "cuda" and not torch.cuda.is_available():
@@ -417,8 +421,10 @@ def _make_accelerator(cfg: TrainConfig):
     if PartialState._shared_state and PartialState().num_processes == 1:
         AcceleratorState._reset_state(reset_partial_state=True)
     dl_cfg = DataLoaderConfiguration(split_batches=True, use_seedable_sampler=True, data_seed=cfg.seed)
+    # MoE: experts that receive no token in a step get no gradient; DDP must not wait for them
+    ddp = DistributedDataParallelKwargs(find_unused_parameters=True)
     return Accelerator(cpu=cpu, mixed_precision=mp, dataloader_config=dl_cfg, gradient_accumulation_steps=1,
-                       rng_types=[])
+                       rng_types=[], kwargs_handlers=[ddp])
 
 
 def _save_checkpoint(acc, path: Path, state: dict, hooks: Hooks, model, optimizer, keep: int):
@@ -469,7 +475,7 @@ def train(
     ``loss_fn(model, batch) -> (loss, metrics)``: ``loss`` a scalar tensor (the objective, aux losses included),
     ``metrics`` a dict of scalars or 1-D vectors (aux losses, routing statistics), averaged over micro-batches and
     processes into ``TrainResult.history``. ``model`` there is the prepared (possibly DDP-wrapped) model: call it,
-    and reach submodules through ``moelab.train._unwrap(model)`` if needed. ``eval_fn(model) -> dict`` runs every
+    and reach submodules through ``moelab.train.unwrap(model)`` if needed. ``eval_fn(model) -> dict`` runs every
     ``cfg.eval_every`` steps and at the end, under ``torch.no_grad()`` and ``model.eval()``.
     ``param_groups``: optimiser groups (default: all trainable parameters, weight decay on >= 2-D tensors).
     ``checkpoint_objects``: extra objects with ``state_dict``/``load_state_dict`` saved in checkpoints (an EMA).
