@@ -27,7 +27,7 @@
 # |---|---|---|---|---|---|
 # | model | nomic-embed-text-v2-moe (475M) | MiniLM-L6 → MoE (8 experts, top-2, layers 1/3/5) | same | same (+ cluster-aware init) | nomic from `MODEL_PATH` |
 # | geometry prompts | MMLU, 57 subjects | 20 WordNet lexicographer files × 1 definition | 24 files × 6 | 41 files × 24 | 41 files × 24 |
-# | training data | all-nli, 30K triplets, 3 epochs | suite pairs, 3 steps × 8 | suite pairs, 30 steps × 16 | 400 steps × 32 | all-nli triplets from `NLI_PATH` |
+# | training data | all-nli, 30K triplets, 3 epochs | suite pairs, 3 steps × 8 | suite pairs, 24 steps × 16 | 400 steps × 32 | all-nli triplets from `NLI_PATH` |
 # | optimisation | AdamW 2e-6, batch 64, warm-up 10%, τ = 0.05 | AdamW, warm-up 10%, τ = 0.05 | same | same | paper's |
 # | aggregations × seeds | 4 × 3 | linear, SBA × 1 | linear, SBA × 3 | all 4 × 3 | all 4 × 3 |
 # | evaluation | MTEB STSB / StackExchangeClustering / SprintDuplicateQuestions | suite WordNet STS (small set) | suite WordNet STS / clustering / pair classification (small sets) | all suite benchmarks, full size | MTEB tasks from `MTEB_PATH` |
@@ -67,7 +67,7 @@ cfg = moelab.profiles.select(
                val_batches=1, n_subjects=20, per_subject=1, max_tokens=20, inits=["drop"], unnorm_run=False,
                n_exact=8, bench_profile="smoke", benchmarks=["wordnet_sts"]),
     # default: the suite's small (smoke-size) benchmark sets -- encoding is the bottleneck on the shared 2-core CPU
-    default=dict(aggregations=["linear", "sba"], seeds=[0, 1, 2], steps=30, batch_size=16, lr=5e-5, eval_every=6,
+    default=dict(aggregations=["linear", "sba"], seeds=[0, 1, 2], steps=24, batch_size=16, lr=5e-5, eval_every=4,
                  val_batches=2, n_subjects=24, per_subject=6, max_tokens=100, inits=["sparse", "drop"],
                  unnorm_run=False, n_exact=32, bench_profile="smoke",
                  benchmarks=["wordnet_sts", "wordnet_clustering", "wordnet_pairs"]),

@@ -1,5 +1,4 @@
 """SBA (paper 001 Sec. III.C-E) against the paper's 2-D angle formulas and degenerate cases."""
-import math
 
 import pytest
 import torch

@@ -5,7 +5,7 @@ import transformers as tf
 
 from moelab.core import MoELayer, moe_layers
 from moelab.core.convert import collect_ffn_inputs, ffn_sites, load_moe, moeify, save_moe
-from moelab.core.init import BertFFN, dense_ffn_spec, drop_init
+from moelab.core.init import dense_ffn_spec, drop_init
 
 torch.set_num_threads(1)
 

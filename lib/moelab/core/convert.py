@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .init import BertFFN, dense_ffn_spec
+from .init import BertFFN
 from .layer import MoELayer
 
 __all__ = ["ffn_sites", "moeify", "collect_ffn_inputs", "save_moe", "load_moe", "PassThrough"]

@@ -190,7 +190,6 @@ def fused_expert_ffn(xs, w_in, w_out, b_in, b_out, counts: list[int], act: str) 
 
 
 # --------------------------------------------------------------------------------------------- optimiser state
-_ROW_STATES = None  # any state tensor with the parameter's shape is treated as per-row (exp_avg, exp_avg_sq, momentum)
 
 
 def optimizer_replace_param(optimizer: torch.optim.Optimizer | None, old: nn.Parameter, new: nn.Parameter,

@@ -12,7 +12,7 @@ from torch import nn
 from . import routing as R
 from .aggregation import METHODS, aggregate
 from .dispatch import moe_dispatch
-from .experts import GATED, StackedExperts, optimizer_copy_rows, optimizer_replace_param
+from .experts import StackedExperts, optimizer_copy_rows, optimizer_replace_param
 from .losses import load_balancing_loss
 
 __all__ = ["MoELayer", "moe_layers", "aux_loss", "ROUTERS"]
