@@ -74,10 +74,22 @@ def atomic_dir(path: Path, meta: dict | None = None):
         raise
 
 
-def _versioned(config: dict) -> dict:
+def _versioned(config: dict, fn: Callable | None = None) -> dict:
+    """Config + moelab version + a hash of the moelab source file that defines ``fn`` (so editing the code that
+    builds an artifact invalidates it; edits in modules it calls do not: pass a version in ``config`` for those)."""
+    import inspect
+
     import moelab
 
-    return {"moelab": moelab.__version__, **config}
+    out = {"moelab": moelab.__version__, **config}
+    try:
+        src = Path(inspect.getsourcefile(fn)).resolve() if fn is not None else None
+    except TypeError:
+        src = None
+    lib = Path(moelab.__file__).resolve().parent
+    if src is not None and src.is_file() and src.is_relative_to(lib):
+        out.setdefault("_code", f"{src.relative_to(lib)}:{sha256_file(src)[:12]}")
+    return out
 
 
 def artifact(kind: str, config: dict, build: Callable[[Path], None]) -> Path:
@@ -87,7 +99,7 @@ def artifact(kind: str, config: dict, build: Callable[[Path], None]) -> Path:
     """
     if not kind or "/" in kind:
         raise ValueError(f"artifact kind must be a non-empty name without '/', got {kind!r}")
-    cfg = _versioned(config)
+    cfg = _versioned(config, build)
     path = cache_root() / "artifacts" / kind / key(cfg)
     if not is_complete(path):
         with atomic_dir(path, meta={"kind": kind, "config": cfg}) as tmp:
@@ -109,7 +121,9 @@ def memo(kind: str, config: dict, compute: Callable[[], Any]) -> Any:
             with open(tmp / "value.pkl", "wb") as f:
                 pickle.dump(value, f)
 
-    path = artifact(kind, config, build)
+    cfg = _versioned(config, compute)
+    cfg.pop("moelab")
+    path = artifact(kind, cfg, build)
     if (path / "value.pt").exists():
         import torch
 

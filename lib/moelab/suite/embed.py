@@ -193,9 +193,9 @@ def _retrieval_wordnet(syn, n, rng):
                      [syn[offs[i]].definition for i in pick])
 
 
-def benchmarks(profile: str) -> dict:
-    """The embedding benchmarks for ``profile`` (deterministic, seed 0)."""
-    sz = SIZES[profiles.check_profile(profile)]
+def benchmarks(profile: str, sizes: dict | None = None) -> dict:
+    """The embedding benchmarks for ``profile`` (deterministic, seed 0); ``sizes`` overrides ``SIZES[profile]``."""
+    sz = dict(SIZES[profiles.check_profile(profile)], **(sizes or {}))
     syn = _nouns()
     rng = lambda k: np.random.default_rng([SEED, k])  # noqa: E731
     out = [_sts(syn, sz["sts"], rng(1)),
@@ -354,15 +354,20 @@ def random_encoder(dim: int = 384, seed: int = 0):
     return enc
 
 
-def validate(profile: str = "default", path=None):
-    """all-MiniLM-L6-v2 vs the bag-of-words and random baselines on ``benchmarks(profile)``; writes
+# Sizes of the committed validation (smaller than ``default``: measured on a shared, heavily loaded 2-core CPU).
+VALIDATION_SIZES = dict(sts=200, clus_subsets=3, clus_size=150, pairclass=200, retrieval=150)
+
+
+def validate(profile: str = "default", path=None, sizes: dict | None = VALIDATION_SIZES):
+    """all-MiniLM-L6-v2 vs the bag-of-words and random baselines on ``benchmarks(profile, sizes)``; writes
     ``data/embedding_validation.csv`` (encoder, benchmark, metric, score, ci_low, ci_high, n, above_baselines)."""
     import pandas as pd
 
     from moelab import assets
 
-    bms = benchmarks(profile)
+    bms = benchmarks(profile, sizes)
     st = assets.load_minilm()
+    st.max_seq_length = 128
     encoders = {"all-MiniLM-L6-v2": lambda t: st.encode(t, batch_size=64, convert_to_numpy=True),
                 "bag-of-words (tf-idf)": bow_encoder(bms), "random": random_encoder()}
     df = pd.concat([evaluate(fn, bms).assign(encoder=name) for name, fn in encoders.items()], ignore_index=True)
