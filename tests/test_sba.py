@@ -269,3 +269,28 @@ def test_wordnet_subjects():
     assert all(":" in t for v in d.values() for t in v)
     with pytest.raises(ValueError, match="num_subjects"):
         sba.wordnet_subject_texts(num_subjects=0)
+
+
+def test_table_one_and_claims():
+    from moelab.claims import ClaimSet
+
+    rows = []
+    for agg, shift in (("linear", 0.0), ("sba", 0.05)):
+        for seed in range(3):
+            rows.append(dict(benchmark="sts", metric="cosine_spearman", score=0.5 + shift + 0.001 * seed,
+                             ci_low=0.4, ci_high=0.6, aggregation=agg, seed=seed))
+            for m in ("recall@1_a2b", "recall@1_b2a"):
+                rows.append(dict(benchmark="ret", metric=m, score=0.3 - shift, ci_low=0.2, ci_high=0.4,
+                                 aggregation=agg, seed=seed))
+    scores = pd.DataFrame(rows)
+    t = sba.table_one(scores).set_index(["aggregation", "benchmark"])
+    assert set(t.index.get_level_values(1)) == {"sts", "ret/recall@1_a2b", "ret/recall@1_b2a"}
+    assert t.loc[("sba", "sts"), "mean"] == pytest.approx(55.1)
+    cs = ClaimSet()
+    recs = sba.table_claims(cs, scores, ["linear", "sba"])
+    v = {r["claim"]: r["verdict"] for r in recs}
+    assert v["sba beats linear aggregation on sts"] == "reproduced"
+    assert v["sba beats linear aggregation on ret/recall@1_a2b"] == "contradicted"
+    one = scores[scores.seed == 0]
+    recs = sba.table_claims(ClaimSet(), one, ["linear", "sba"])
+    assert all(r["verdict"] == "not testable" for r in recs)

@@ -802,6 +802,12 @@ def table_claims(claims, scores: pd.DataFrame, aggregations, paper: dict | None 
             common = a.index.intersection(b.index)
             if len(common) == 0:
                 continue
+            if len(common) < 2:  # one seed: no interval over seeds, no verdict
+                out.append(claims.not_testable(f"{agg} beats linear aggregation on {bench}",
+                                               f"Table I/II: {paper.get(agg, '')}",
+                                               f"one seed only (difference {float(a[common].mean() - b[common].mean()):+.4f}); "
+                                               "the claim needs >= 2 seeds"))
+                continue
             out.append(claims.effect(f"{agg} beats linear aggregation on {bench}",
                                      f"Table I/II: {paper.get(agg, '')}", a[common].to_numpy(), b[common].to_numpy(),
                                      higher_is_better=True, detail=f"per-seed scores, {len(common)} seed(s)"))
