@@ -78,3 +78,17 @@ def test_smoke_benchmarks_and_pairs_are_disjoint():
     assert not (train_texts & set(bms["wordnet_sts"].texts_a))
     res = embed.evaluate(embed.random_encoder(), bms, n_boot=100)
     assert set(res.metric) == {"cosine_spearman", "v_measure", "cosine_ap", "recall@1_a2b", "recall@1_b2a"}
+
+
+def test_committed_embedding_validation():
+    import pandas as pd
+
+    from pathlib import Path
+
+    p = Path(embed.__file__).resolve().parents[3] / "data" / "embedding_validation.csv"
+    df = pd.read_csv(p)
+    assert set(df.encoder) == {"all-MiniLM-L6-v2", "bag-of-words (tf-idf)", "random"}
+    mini = df[df.encoder == "all-MiniLM-L6-v2"]
+    assert len(mini) == 8 and (mini.ci_low <= mini.score).all() and (mini.score <= mini.ci_high).all()
+    # all-MiniLM-L6-v2 is above both baselines with non-overlapping intervals on most benchmark metrics
+    assert mini.above_baselines.sum() >= 6

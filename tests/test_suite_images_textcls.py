@@ -48,3 +48,13 @@ def test_textcls_splits():
     assert len(t["train"]) == 32 and len(t["test"]) == 16
     with pytest.raises(ValueError, match="nope"):
         textcls.tasks("smoke", names=["nope"])
+
+
+def test_committed_textcls_validation():
+    import pandas as pd
+
+    df = pd.read_csv(textcls.CSV)
+    assert set(df.task) == set(textcls.CANDIDATES)
+    m = df[df.measured.astype(bool)]
+    assert ((m.ci_low > m.chance) == m.usable.astype(bool)).all()
+    assert set(textcls.usable()) == set(m[m.usable.astype(bool)].task) and textcls.usable()
