@@ -9,7 +9,8 @@ pool): mean score, percentile-bootstrap 95% interval over items (``moelab.stats.
 - bits-per-byte tasks (``moelab_nll_*``): chance = 8 bits per byte (a uniform distribution over byte values);
   usable = CI upper end < chance.
 The table is committed as ``data/scorecard.csv`` (per-item scores in ``data/scorecard_items.csv``);
-``load()`` rebuilds it (about an hour of CPU) only if the file is absent.
+``load()`` rebuilds it (about an hour of CPU) only if the file is absent. The committed table is partial
+(SmolLM2 only, 11 of 20 tasks; see data/README.md).
 """
 from __future__ import annotations
 
