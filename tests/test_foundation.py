@@ -92,10 +92,18 @@ def test_missing_asset_names_asset_and_command(tmp_cache, monkeypatch):
 
 def test_interrupted_bigbench_download_is_not_used(tmp_cache, monkeypatch):
     d = cache.cache_root() / "downloads"
-    (d / ".bigbench-download").mkdir(parents=True)
-    (d / ".bigbench-download" / "bigbench-1.0.0.tar.gz").write_bytes(b"half")  # a crashed download
+    d.mkdir(parents=True)
+    (d / ".bigbench-1.0.0.tar.gz.part").write_bytes(b"half")  # a crashed download
     with pytest.raises(assets.MissingAsset):
         assets.bigbench_sdist()  # only a verified file at the final path counts
+
+
+def test_download_failure_is_clear_and_leaves_nothing(tmp_cache, monkeypatch):
+    monkeypatch.setenv("MOELAB_PYPI_INDEX", "http://127.0.0.1:9/simple")  # nothing listens there
+    with pytest.raises(assets.MissingAsset, match="bigbench.*download from http://127.0.0.1:9"):
+        assets.download_bigbench()
+    assert not (cache.cache_root() / "downloads" / "bigbench-1.0.0.tar.gz").exists()
+    assert not list((cache.cache_root() / "downloads").glob("*.part"))
 
 
 def test_real_assets_load():

@@ -253,26 +253,42 @@ def bigbench_sdist() -> Path:
 
 
 def download_bigbench() -> Path:
-    """``pip download --no-deps bigbench==1.0.0`` into the cache (358 MB; pip's cache makes reruns fast)."""
+    """Download the BIG-bench 1.0.0 source archive (358 MB) from the package index into the cache.
+
+    Uses the index's simple API (PEP 691) rather than ``pip download``: recent pip refuses to prepare this sdist's
+    metadata (it declares a direct-URL dependency), and nothing needs to be built: only its task JSON files are read.
+    The index is ``$MOELAB_PYPI_INDEX`` or ``$PIP_INDEX_URL`` or PyPI. Written to a temporary file, verified, then
+    renamed, so an interrupted download never appears at the final path.
+    """
+    import urllib.request
+
     d = cache_root() / "downloads"
+    d.mkdir(parents=True, exist_ok=True)
     f = d / "bigbench-1.0.0.tar.gz"
     if f.exists():
         try:
             return verify("bigbench", f)
         except ChecksumMismatch:
             f.unlink()
-    tmp = d / ".bigbench-download"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", BIGBENCH_SDIST, "-d", str(tmp)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    got = tmp / "bigbench-1.0.0.tar.gz"
-    if r.returncode != 0 or not got.exists():
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise MissingAsset("bigbench", f"pip download failed: {r.stderr.strip()[-400:]}")
-    verify("bigbench", got)
-    os.replace(got, f)  # only a complete, verified file ever appears at the final path
-    shutil.rmtree(tmp, ignore_errors=True)
+    index = (os.environ.get("MOELAB_PYPI_INDEX") or os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple").rstrip("/")
+    tmp = d / ".bigbench-1.0.0.tar.gz.part"
+    try:
+        req = urllib.request.Request(f"{index}/bigbench/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            files = json.loads(r.read())["files"]
+        url = next(x["url"] for x in files if x["filename"] == "bigbench-1.0.0.tar.gz")
+        with urllib.request.urlopen(url, timeout=180) as r, open(tmp, "wb") as out:
+            shutil.copyfileobj(r, out, 1 << 20)
+    except Exception as e:  # noqa: BLE001 - network, index format or missing file: one clear message
+        tmp.unlink(missing_ok=True)
+        raise MissingAsset("bigbench", f"download from {index} failed ({type(e).__name__}: {e})",
+                           f"make assets, or put the verified {BIGBENCH_SDIST} sdist at {f}") from None
+    try:
+        verify("bigbench", tmp)
+    except ChecksumMismatch:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, f)  # only a complete, verified file ever appears at the final path
     return f
 
 
