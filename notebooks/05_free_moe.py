@@ -61,7 +61,7 @@ GENERAL_CANDIDATES = ["moelab_bb_hyperbaton", "moelab_bb_sports_understanding", 
 APPENDIX = list(fm.APPENDIX_BANDS)
 cfg = moelab.profiles.select(
     PROFILE,
-    smoke=dict(max_general=1, n_ref=6, n_test=6, n_train=24, code_ref=6, code_test=4, code_train=24, n_he=2,
+    smoke=dict(max_general=1, n_ref=6, n_test=4, n_train=24, code_ref=6, code_test=3, code_train=24, n_he=2,
                he_tokens=24, he_n=1, K=2, bands=[(95.0, 100.0)], ratios=(1.0,), calib_tokens=256, patch=16,
                ablate_sublayers=True, ablate_patch=(4,), ablate_K=(2, 3), gemma=False, batch=16),
     default=dict(max_general=2, n_ref=16, n_test=24, n_train=120, code_ref=16, code_test=16, code_train=150,
