@@ -29,6 +29,10 @@
 # | evaluation | zero-shot MSCOCO R@1, ImageNet variants, VTAB | R@1 both ways, held-out suite pairs (10) | 100 pairs + suite embedding benchmarks (smoke sizes, first seed) | 1000 pairs + benchmarks (default sizes, all seeds) | — |
 # | methods | dense, dense long, Drop, sparse, CLIP-MoE, DeRS, ours | dense, sparse, ours | dense, dense long, Drop, sparse, ours | + noise, 2×2 ablation | — |
 # | seeds | 1 | 1 | 3 | 5 | — |
+# | **vision** dense model | CLIP ViT-B (image tower) | ViT d=64, 4 layers, patch 7, pretrained here on Fashion-MNIST (20 steps × 64) | skipped | ViT d=128, 6 layers, patch 7 (1.2M params), pretrained here on Fashion-MNIST (500 steps × 128) | — |
+# | **vision** continued training | 1.3B samples | 3 steps × 32 | — | 120 steps × 128 Fashion-MNIST images | — |
+# | **vision** few-shot / FT | ImageNet-1k 5-, 10-shot, full fine-tuning | CIFAR-10 (grey 28×28) 5-, 10-shot probes (2 draws), 3 FT steps | — | 5 draws per k, 40 FT steps × 64 on 1000 CIFAR images; 1000 evaluation images | — |
+# | **vision** methods, seeds | dense, Drop, sparse, CLIP-MoE, ours | dense, sparse, ours; 1 | — | dense, dense long, sparse, noise, Drop, ours; 2 | — |
 #
 # Choices the poster leaves open (each stated where it is used): the spectral-energy threshold (0.99 here), which
 # projection is truncated (the FFN input projection only), the EMA decay and EESD weight, and the definition of
@@ -55,16 +59,28 @@ cfg = moelab.profiles.select(
     PROFILE,
     smoke=dict(methods=["dense", "sparse", "cluster_eesd"], seeds=[SEED], steps=4, batch_size=8, eesd_decay=0.9,
                n_test=48, n_probe=24, calib_texts=96, calib_tokens=2048, benchmarks=None, max_len=24,
-               bench_all_seeds=False),
+               bench_all_seeds=False,
+               vision=dict(methods=["dense", "sparse", "cluster_eesd"], seeds=[SEED], data_profile="smoke",
+                           vit=dict(cu.VIT_SMALL, hidden_size=64, num_hidden_layers=4, num_attention_heads=2,
+                                    intermediate_size=128),
+                           pretrain_steps=20, pretrain_batch=64, pretrain_lr=1e-3, calib_images=64,
+                           calib_tokens=1088, n_test=200, n_cifar_train=300, n_cifar_test=100, steps=3,
+                           batch_size=32, lr=2e-4, shots=(5, 10), probe_draws=2, ft_steps=3, ft_batch=32,
+                           ft_lr=5e-4, eesd_decay=0.9)),
     default=dict(methods=["sparse", "cluster_eesd", "drop", "dense_long", "dense"], seeds=[SEED, SEED + 1, SEED + 2],
                  steps=6, batch_size=12, eesd_decay=0.8, n_test=100, n_probe=32, calib_texts=256,
-                 calib_tokens=6144, benchmarks="smoke", max_len=24, bench_all_seeds=False),
+                 calib_tokens=6144, benchmarks="smoke", max_len=24, bench_all_seeds=False, vision=None),
     full=dict(methods=["dense", "dense_long", "sparse", "noise", "drop", "cluster", "sparse_eesd", "cluster_eesd"],
               seeds=[SEED + i for i in range(5)], steps=300, batch_size=32, eesd_decay=0.99, n_test=1000,
               n_probe=200, calib_texts=1024, calib_tokens=16384, benchmarks="default", max_len=32,
-              bench_all_seeds=True),
+              bench_all_seeds=True,
+              vision=dict(methods=["dense", "dense_long", "sparse", "noise", "drop", "cluster_eesd"],
+                          seeds=[SEED, SEED + 1], data_profile="full", vit=cu.VIT_SMALL, pretrain_steps=500,
+                          pretrain_batch=128, pretrain_lr=1e-3, calib_images=512, calib_tokens=8192, n_test=2000,
+                          n_cifar_train=1000, n_cifar_test=1000, steps=120, batch_size=128, lr=2e-4, shots=(5, 10),
+                          probe_draws=5, ft_steps=40, ft_batch=64, ft_lr=5e-4, eesd_decay=0.99)),
     paper=dict(methods=[], seeds=[SEED], steps=0, batch_size=0, eesd_decay=0.999, n_test=0, n_probe=0,
-               calib_texts=0, calib_tokens=0, benchmarks=None, max_len=32, bench_all_seeds=False),
+               calib_texts=0, calib_tokens=0, benchmarks=None, max_len=32, bench_all_seeds=False, vision=None),
 )
 cfg = {**common, **cfg}
 cfg
@@ -204,9 +220,54 @@ if cfg["methods"]:
           f"{fin.loc['sparse', 'utilisation_balance']:.3f}.")
 
 # %% [markdown]
-# ## Vision experiment
-# A small ViT pretrained here on Fashion-MNIST, upcycled with the same initialisers, with 5/10-shot probes on
-# CIFAR-10 test images, belongs to the `full` profile; it is not implemented in this version (recorded below).
+# ## Vision experiment: a small ViT stands in for CLIP ViT-B
+# The poster upcycles the image tower of CLIP ViT-B/32 and B/16 (every other FFN → 8 experts, top-2), continues
+# training for 1.3B samples, and reports, besides zero-shot retrieval, ImageNet-1k **5-shot, 10-shot and full
+# fine-tuning** accuracy (dense 50.4 / 57.1 / 72.8; sparse upcycling 50.9 / 57.8 / 73.0; cluster-aware 51.5 / 58.2 /
+# 73.3). No CLIP weights or ImageNet are available here, so the same protocol runs on a dense model we pretrain
+# ourselves: a `transformers` ViT (`ViTForImageClassification` from a config, 7×7 patches on 28×28 images, so 16
+# patch tokens + CLS) trained on the real Fashion-MNIST training images (cached, with its test accuracy). It is
+# upcycled with the same initialisers as the text experiment (sparse upcycling reproduces its logits exactly with
+# renormalised top-2, unit-tested), continued training runs on Fashion-MNIST with all parameters trainable
+# (cross-entropy + 0.01 × balancing loss, + EESD for cluster-aware upcycling), and we report
+# * **test accuracy** on held-out Fashion-MNIST test images (the in-distribution analogue of ImageNet val);
+# * **5-shot and 10-shot linear probes** on data the dense model never saw: CIFAR-10 test images (the suite's
+#   BIG-bench copy), **converted to 28×28 greyscale** (Pillow luma + bilinear resize) so the ViT can read them;
+#   scikit-learn logistic regression on the frozen final-LayerNorm CLS features, k images per class drawn from a
+#   CIFAR training pool, several draws (the same draws for every method, so comparisons are paired), scored on a
+#   disjoint CIFAR evaluation pool;
+# * **full fine-tuning**: the whole upcycled model with a fresh 10-way head trained briefly on the CIFAR training
+#   pool, scored on the evaluation pool.
+#
+# `cifar10_test` holds only CIFAR-10's test split; the notebook splits it into the training and evaluation pools.
+# Pretrained ViT, its FFN inputs and every (method, seed) cell are cached. The `default` profile skips this part
+# (the shared CPU's budget goes to the text experiment).
+
+# %%
+vision = cfg["vision"]
+if vision:
+    vcfg = {**{k: cfg[k] for k in ("num_experts", "top_k", "energy", "eesd_weight", "aux_coef")}, **vision}
+    vres = cu.vision_experiment(vision["methods"], vision["seeds"], vcfg)
+    pre = vres["pretrain"].iloc[0]
+    run.save_table(vres["pretrain"], "table2", "vit_pretraining", caption="dense ViT pretrained on Fashion-MNIST")
+    run.save_table(vres["accuracy"], "table2", "vit_fewshot_ft", caption="accuracy (%) per method, seed and task: "
+                   "Fashion-MNIST test, CIFAR-10 (grey 28x28) k-shot probes, CIFAR-10 fine-tuning")
+    run.save_table(vres["timing"], "table2", "vit_timing", caption="wall seconds per phase")
+    if len(vres["history"]):
+        run.save_table(vres["history"], "table2", "vit_training", caption="continued training per step")
+    vinit = cu.init_table(vres["results"])
+    if len(vinit):
+        run.save_table(vinit, "init", "vit_cluster_ranks", caption="ViT: cluster sizes and ranks r_i per expert")
+    vtab = cu.vision_table(vres["accuracy"])
+    display(vtab)
+    run.savefig(cu.plot_vision(vres["accuracy"], vision["methods"]), "table2", "vit_bars",
+                caption="ViT: accuracy per task and method (bars: mean over seeds; dots: seeds)")
+    print(f"The dense ViT saw {int(pre['images_seen'])} Fashion-MNIST images ({pre['epochs']:.2f} epochs, "
+          f"{pre['s_per_step']:.2f} s/step) and reaches {pre['test_accuracy']:.1f}% test accuracy.")
+    tasks = [c for c in vtab.columns if not c.endswith("_std")]
+    for t in tasks:
+        print(f"{t}: cluster-aware {vtab.loc['cluster_eesd', t]:.2f}% vs sparse {vtab.loc['sparse', t]:.2f}%"
+              + (f" vs dense {vtab.loc['dense', t]:.2f}%" if "dense" in vtab.index else ""))
 
 # %% [markdown]
 # ## Claims
@@ -259,9 +320,25 @@ if {"sparse", "cluster", "sparse_eesd", "cluster_eesd"} <= set(cfg["methods"]):
 else:
     C.not_testable("2x2 ablation (cluster init x EESD)", "combining both works best",
                    f"runs in the full profile only (this run: {PROFILE})")
-C.not_testable("few-shot (5/10-shot) and full fine-tuning gains; vision upcycling of a small ViT",
-               "ImageNet 5-shot +1.1, 10-shot +1.1 over dense", "the Fashion-MNIST ViT experiment is not implemented "
-               "in this version; no CLIP or ImageNet here")
+if vision:
+    vitems = vres["items"]
+    vpaper = {"fmnist_test": "ImageNet-1k val 57.3 vs 57.1 (B/32), 63.2 vs 63.0 (B/16)",
+              "cifar_5shot": "ImageNet 5-shot 51.5 vs 50.9", "cifar_10shot": "ImageNet 10-shot 58.2 vs 57.8",
+              "cifar_ft": "ImageNet full fine-tuning 73.3 vs 73.0"}
+    for t in [t for t in vpaper if t in set(vitems["task"])]:
+        C.effect(f"ViT: cluster-aware upcycling beats sparse upcycling on {t}", vpaper[t],
+                 cu.per_item_scores(vitems, "cluster_eesd", t), cu.per_item_scores(vitems, "sparse", t),
+                 detail="small ViT pretrained on Fashion-MNIST; per item x seed (probes: mean over shot draws)")
+    if "dense" in vision["methods"]:
+        for t, paper in (("cifar_5shot", "ImageNet 5-shot 51.5 vs dense 50.4"),
+                         ("cifar_10shot", "ImageNet 10-shot 58.2 vs dense 57.1")):
+            C.effect(f"ViT: cluster-aware upcycling beats the dense model on {t}", paper,
+                     cu.per_item_scores(vitems, "cluster_eesd", t).mean(0), cu.per_item_scores(vitems, "dense", t)[0],
+                     detail="per item, cluster-aware averaged over seeds; dense = the pretrained ViT (one model)")
+else:
+    C.not_testable("few-shot (5/10-shot) and full fine-tuning gains; vision upcycling of a small ViT",
+                   "ImageNet 5-shot +1.1, 10-shot +1.1 over dense", f"the ViT experiment runs in the full (and, "
+                   f"tiny, the smoke) profile only (this run: {PROFILE}); no CLIP or ImageNet here")
 C.not_testable("zero-shot ImageNet-1k variants and VTAB with CLIP ViT-B", "Table: +0.4 to +1.0 avg",
                "needs CLIP ViT-B weights, open_clip and LAION-scale training (paper profile reads the weights only)")
 claims = run.finish()
@@ -273,3 +350,6 @@ claims
 # samples of training; our continued training is a few hundred pairs on CPU, so "inconclusive" is an honest and
 # expected verdict for the accuracy claims, while the initialisation-time claims (confident routing, less similar
 # experts, more compact expert regions) are testable at this scale.
+# The vision claims (`ViT: ...`) compare cluster-aware against sparse upcycling of the small ViT pretrained
+# here on Fashion-MNIST (full profile) after 120 steps of continued training; the poster's gaps are 0.2–0.6 points,
+# so with 1000–2000 evaluation images per task an "inconclusive" verdict is again the likely honest outcome.

@@ -277,3 +277,28 @@ def test_results_table_and_stale_report(tmp_figures, monkeypatch):
     prov.write_text(json.dumps(data))
     stale = notebooks.stale_report(tmp_figures / "figures")
     assert stale and stale[0][0] == "09_demo" and first in stale[0][1]
+
+
+def test_git_commit_ignores_generated_outputs(tmp_path, monkeypatch):
+    """provenance's commit is '+dirty' for source edits, not for regenerated figures or the README table."""
+    import subprocess
+
+    from moelab import nbrun
+
+    def git(*a):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "figures").mkdir()
+    for f in ("figures/a.csv", "README.md", "src.py"):
+        (tmp_path / f).write_text("0\n")
+    git("add", ".")
+    git("commit", "-qm", "x")
+    monkeypatch.setattr(nbrun, "REPO_ROOT", tmp_path)
+    assert not nbrun.git_commit().endswith("+dirty")
+    (tmp_path / "figures/a.csv").write_text("1\n")
+    (tmp_path / "README.md").write_text("1\n")
+    assert not nbrun.git_commit().endswith("+dirty")
+    (tmp_path / "src.py").write_text("1\n")
+    assert nbrun.git_commit().endswith("+dirty")

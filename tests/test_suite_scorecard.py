@@ -37,3 +37,28 @@ def test_committed_scorecard_loads():
     assert isinstance(scorecard.usable_tasks(df.model.iloc[0]), list)
     with pytest.raises(ValueError, match="nope"):
         scorecard.usable_tasks("nope")
+
+
+def test_build_is_resumable(tmp_path, monkeypatch):
+    """build() measures only tasks missing from the per-model file and merges what it has into the CSVs."""
+    calls = []
+    monkeypatch.setattr(scorecard, "partial_path", lambda name: tmp_path / "part" / f"{name}.csv")
+
+    def fake_eval(model, tok, tasks, limit, batch_size=8):
+        (t,) = tasks
+        calls.append(t)
+        ids = [d["id"] for d in lmeval.task_docs(t[len("moelab_"):])[:limit]]
+        return pd.DataFrame(dict(task=t, item_id=ids, metric="acc", score=1.0))
+
+    monkeypatch.setattr(lmeval, "evaluate", fake_eval)
+    monkeypatch.setattr(scorecard, "load_model", lambda name: (object(), object()))
+    out, items = tmp_path / "sc.csv", tmp_path / "items.csv"
+    tasks = ["moelab_bb_hyperbaton", "moelab_bb_penguins_in_a_table"]
+    t1 = scorecard.build(("smollm2-135m-instruct",), out, items, tasks=tasks)
+    assert calls == tasks and list(t1.n) == [scorecard._limit_n(t) for t in tasks]
+    assert scorecard._limit_n("moelab_bb_penguins_in_a_table") == 89   # whole pool: smaller than the limit
+    t2 = scorecard.build(("smollm2-135m-instruct",), out, items, tasks=tasks, max_items=50)  # nothing to do
+    assert calls == tasks and t2.equals(t1)
+    assert set(pd.read_csv(items).model) == {"smollm2-135m-instruct"}
+    with pytest.raises(ValueError, match="unknown scorecard model"):
+        scorecard.build(("nope",), out, items, tasks=tasks)

@@ -14,6 +14,10 @@ The method, in the poster's three initialisation steps plus its training loss:
 All of it plugs into the core's initialiser hook ``init(dense_ffn, layer, calib_x)`` of
 :func:`moelab.core.convert.moeify` through :class:`ClusterAwareInit`.
 
+Experiments of notebook 03: the text experiment (all-MiniLM-L6-v2, :func:`text_experiment`) and, at the end of this
+module, the vision experiment (a small ViT pretrained here on Fashion-MNIST standing in for CLIP ViT-B;
+:func:`pretrain_vit`, :func:`vision_experiment`; few-shot probes and fine-tuning on CIFAR-10).
+
 Conventions. Activations are stored row-wise, ``X_i`` [T_i, d] (the poster writes them column-wise, [d, T_i]); the
 poster's ``X_i X_i^T`` is therefore our ``X_i^T X_i`` [d, d]. Weights follow ``nn.Linear``: ``W`` [d_ff, d_model].
 """
@@ -33,7 +37,9 @@ __all__ = [
     "spherical_kmeans", "KMeansResult", "whitening_factor", "effective_rank", "data_aware_truncate", "TruncResult",
     "cluster_aware_expert_weights", "ClusterAwareInit", "EESD", "dense_ensemble",
     "routing_entropy", "expert_utilisation", "relative_compactness", "expert_similarity",
-    "load_openclip_mlps", "upcycle_openclip_mlps",
+    "load_openclip_mlps", "upcycle_openclip_mlps", "upcycle",
+    "VIT_SMALL", "VISION_METHODS", "pretrain_vit", "vision_experiment", "few_shot_indices", "few_shot_probe",
+    "cifar_to_grey28", "per_item_scores", "vision_table", "plot_vision",
 ]
 
 
@@ -623,26 +629,31 @@ def _moe_entropy(model, mask) -> float | None:
     return float(np.mean(hs)) if hs else None
 
 
+def _moe_terms(model, loss, metrics: dict, aux_coef: float, eesd: "EESD | None", mask=None):
+    """Add ``aux_coef`` * balancing loss (+ EESD) to ``loss`` and their values to ``metrics`` (text and vision)."""
+    from moelab.core import aux_loss, moe_layers
+
+    if moe_layers(model):
+        bal = aux_loss(model)
+        loss = loss + aux_coef * bal
+        metrics["balance"] = bal.detach()
+        metrics["routing_entropy"] = _moe_entropy(model, mask)
+    if eesd is not None:
+        le = eesd.loss()
+        loss = loss + le
+        metrics["eesd"] = le.detach()
+    return loss, metrics
+
+
 def make_loss_fn(aux_coef: float = 0.01, eesd: EESD | None = None):
     """``loss_fn(model, batch)`` for :func:`moelab.train.train`: InfoNCE + aux_coef * balancing loss (+ EESD)."""
-    from moelab.core import aux_loss, moe_layers
 
     def loss_fn(model, batch):
         batch = dict(batch)
         n = batch.pop("n_pairs")
         out = model(batch)
         loss = infonce_loss(out["sentence_embedding"], n)
-        metrics = {"infonce": loss.detach()}
-        if moe_layers(model):
-            bal = aux_loss(model)
-            loss = loss + aux_coef * bal
-            metrics["balance"] = bal.detach()
-            metrics["routing_entropy"] = _moe_entropy(model, batch.get("attention_mask"))
-        if eesd is not None:
-            le = eesd.loss()
-            loss = loss + le
-            metrics["eesd"] = le.detach()
-        return loss, metrics
+        return _moe_terms(model, loss, {"infonce": loss.detach()}, aux_coef, eesd, batch.get("attention_mask"))
 
     return loss_fn
 
@@ -657,28 +668,34 @@ def calibration_inputs(st, texts, layers="every_other", max_tokens: int = 8192, 
     return collect_ffn_inputs(bert, batches, layers=layers, max_tokens=max_tokens)
 
 
-def build_model(st_dense, method: str, calib: dict | None, seed: int, num_experts: int = 8, top_k: int = 2,
-                energy: float = 0.95, project: str = "in"):
-    """A fresh copy of the dense sentence encoder, converted per ``method`` (see :data:`METHODS`); returns
-    ``(model, cluster_init or None)``. Every other FFN -> MoE (layers 1, 3, 5), renormalised top-k."""
+def upcycle(backbone: nn.Module, method: str, calib: dict | None, seed: int, num_experts: int = 8, top_k: int = 2,
+            energy: float = 0.95, project: str = "in"):
+    """Convert every other FFN of the transformers model ``backbone`` in place per ``method`` (see :data:`METHODS`;
+    renormalised top-k); returns the :class:`ClusterAwareInit` (for its log) or None. Text and vision (notebook 03)."""
     from moelab.core import moeify
     from moelab.core.init import drop_init, noise_init
 
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {list(METHODS)}")
     is_moe, init, _ = METHODS[method]
+    if not is_moe:
+        return None
+    ci = ClusterAwareInit(energy=energy, project=project, seed=seed) if init == "cluster" else None
+    hook = ci or {"sparse": "sparse", "noise": noise_init(seed=seed), "drop": drop_init(seed=seed)}[init]
+    moeify(backbone, "every_other", num_experts, top_k, init=hook, calib_inputs=calib if ci else None,
+           renormalize=True)
+    return ci
+
+
+def build_model(st_dense, method: str, calib: dict | None, seed: int, num_experts: int = 8, top_k: int = 2,
+                energy: float = 0.95, project: str = "in"):
+    """A fresh copy of the dense sentence encoder, converted per ``method`` (see :data:`METHODS`); returns
+    ``(model, cluster_init or None)``. Every other FFN -> MoE (layers 1, 3, 5), renormalised top-k."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; expected one of {list(METHODS)}")
     torch.manual_seed(seed)
     model = copy.deepcopy(st_dense)
-    ci = None
-    if is_moe:
-        if init == "cluster":
-            ci = ClusterAwareInit(energy=energy, project=project, seed=seed)
-            hook = ci
-        else:
-            hook = {"sparse": "sparse", "noise": noise_init(seed=seed), "drop": drop_init(seed=seed)}[init]
-        moeify(model[0].auto_model, "every_other", num_experts, top_k, init=hook,
-               calib_inputs=calib if init == "cluster" else None, renormalize=True)
-    return model, ci
+    return model, upcycle(model[0].auto_model, method, calib, seed, num_experts, top_k, energy, project)
 
 
 def trainable_ffn_params(model) -> list:
@@ -972,5 +989,331 @@ def plot_analysis_panels(analysis, entropy, utilisation, methods=None):
     ax[3].axhline(1 / max(1, u.shape[1]), color="k", lw=0.8, ls="--")
     ax[3].set(title="expert utilisation (final, mean over layers, seeds)", xlabel="expert")
     ax[3].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Vision experiment (poster "Implementation Details" and "Few-shot and Full Fine-tuning" on CLIP ViT; notebook 03)
+# A small ViT pretrained here on real Fashion-MNIST stands in for the dense CLIP ViT-B (no CLIP weights here).
+# ---------------------------------------------------------------------------------------------------------------
+VIT_SMALL = dict(image_size=28, patch_size=7, num_channels=1, hidden_size=128, num_hidden_layers=6,
+                 num_attention_heads=4, intermediate_size=512, num_labels=10)
+VISION_METHODS = ("dense", "dense_long", "sparse", "noise", "drop", "cluster_eesd")
+VISION_COLUMNS = {"items": ["method", "seed", "task", "item", "score"],
+                  "accuracy": ["method", "seed", "task", "accuracy"]}
+
+
+def to_pixels(x) -> torch.Tensor:
+    """uint8 grey images [N, 28, 28] -> ``pixel_values`` [N, 1, 28, 28] in [-1, 1] (``(x/255 - 0.5)/0.5``, the
+    mean/std that transformers' ``ViTImageProcessor`` uses by default)."""
+    x = torch.as_tensor(np.asarray(x))
+    if x.ndim != 3 or x.dtype != torch.uint8:
+        raise ValueError(f"expected uint8 images [N, H, W], got {x.dtype} {tuple(x.shape)}")
+    return (x.float()[:, None] / 255.0 - 0.5) / 0.5
+
+
+def cifar_to_grey28(x_rgb) -> np.ndarray:
+    """CIFAR-10 uint8 [N, 32, 32, 3] -> uint8 [N, 28, 28]: Pillow's ``convert("L")`` (ITU-R 601-2 luma) then a
+    bilinear resize to 28x28, so the Fashion-MNIST ViT can read them (notebook 03's few-shot probes)."""
+    from PIL import Image
+
+    x_rgb = np.asarray(x_rgb)
+    if x_rgb.ndim != 4 or x_rgb.shape[-1] != 3 or x_rgb.dtype != np.uint8:
+        raise ValueError(f"expected uint8 RGB images [N, H, W, 3], got {x_rgb.dtype} {x_rgb.shape}")
+    return np.stack([np.asarray(Image.fromarray(im).convert("L").resize((28, 28), Image.BILINEAR)) for im in x_rgb])
+
+
+def make_vit(vit: dict, seed: int):
+    """A randomly initialised ``transformers.ViTForImageClassification`` from the settings ``vit`` (e.g.
+    :data:`VIT_SMALL`); it is then pretrained here on real Fashion-MNIST (:func:`pretrain_vit`)."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(seed)
+    return ViTForImageClassification(ViTConfig(**vit)).eval()
+
+
+def image_loader(x, y, batch_size: int, seed: int):
+    """Shuffled, seeded ``DataLoader`` of ``dict(pixel_values [B,1,28,28], labels [B])`` over uint8 images."""
+    if len(x) < batch_size:
+        raise ValueError(f"batch_size={batch_size} exceeds the {len(x)} training images")
+    ds = torch.utils.data.TensorDataset(torch.as_tensor(np.asarray(x)), torch.as_tensor(np.asarray(y)))
+    return torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=True, drop_last=True,
+                                       generator=torch.Generator().manual_seed(seed),
+                                       collate_fn=lambda b: {"pixel_values": to_pixels(torch.stack([i[0] for i in b])),
+                                                             "labels": torch.stack([i[1] for i in b])})
+
+
+def make_cls_loss_fn(aux_coef: float = 0.01, eesd: EESD | None = None):
+    """``loss_fn(model, batch)``: cross-entropy of the ViT's logits + aux_coef * balancing loss (+ EESD)."""
+
+    def loss_fn(model, batch):
+        logits = model(pixel_values=batch["pixel_values"]).logits
+        loss = F.cross_entropy(logits, batch["labels"])
+        return _moe_terms(model, loss, {"ce": loss.detach()}, aux_coef, eesd)
+
+    return loss_fn
+
+
+def train_classifier(model, x, y, *, steps: int, batch_size: int, lr: float, seed: int, aux_coef: float = 0.01,
+                     eesd: EESD | None = None, weight_decay: float = 0.0, desc: str = "vit"):
+    """All parameters of the ViT trained with cross-entropy through :func:`moelab.train.train` (AdamW, 10% warmup,
+    cosine decay, clip 1.0); EESD's EMA teachers are updated after every step. Returns the ``TrainResult``."""
+    from moelab.train import TrainConfig, train
+
+    cfg = TrainConfig(lr=lr, steps=steps, warmup_frac=0.1, decay="cosine", seed=seed, log_every=10,
+                      max_grad_norm=1.0, weight_decay=weight_decay, progress=False, desc=desc)
+    hooks = {"after_step": (lambda step, m: eesd.update())} if eesd else None
+    return train(model, image_loader(x, y, batch_size, seed), loss_fn=make_cls_loss_fn(aux_coef, eesd), cfg=cfg,
+                 hooks=hooks)
+
+
+@torch.no_grad()
+def vit_outputs(model, x, batch_size: int = 500) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logits [N, C], features [N, d])``; features = the final-LayerNorm CLS token, i.e. the pooled
+    representation the classifier head reads (what the linear probes use)."""
+    model.eval()
+    dev = next(model.parameters()).device
+    logits, feats = [], []
+    for i in range(0, len(x), batch_size):
+        h = model.vit(pixel_values=to_pixels(x[i:i + batch_size]).to(dev)).last_hidden_state[:, 0]  # [B, d]
+        feats.append(h.cpu())
+        logits.append(model.classifier(h).cpu())
+    return torch.cat(logits), torch.cat(feats)
+
+
+def pretrain_vit(cfg: dict, seed: int):
+    """The dense model: :func:`make_vit` trained on the Fashion-MNIST training images of ``cfg["data_profile"]``
+    (``cfg["pretrain_steps"]`` steps of ``cfg["pretrain_batch"]``, lr ``cfg["pretrain_lr"]``, weight decay 0.05),
+    cached with ``moelab.cache.artifact`` (keyed by these settings). Returns ``(model, info)``; ``info``: steps,
+    images seen, epochs, seconds per step, Fashion-MNIST test accuracy, final training loss (notebook 03)."""
+    import json
+    from moelab import cache
+    from moelab.suite import images
+    from transformers import ViTForImageClassification
+
+    key = {k: cfg[k] for k in ("vit", "data_profile", "pretrain_steps", "pretrain_batch", "pretrain_lr")}
+
+    def build(tmp):
+        data = images.fashion_mnist(cfg["data_profile"])
+        model = make_vit(cfg["vit"], seed)
+        out = train_classifier(model, data["train_x"], data["train_y"], steps=cfg["pretrain_steps"],
+                               batch_size=cfg["pretrain_batch"], lr=cfg["pretrain_lr"], seed=seed,
+                               weight_decay=0.05, desc="pretrain ViT")
+        logits, _ = vit_outputs(out.model, data["test_x"])
+        seen = cfg["pretrain_steps"] * cfg["pretrain_batch"]
+        info = dict(steps=cfg["pretrain_steps"], images_seen=seen, epochs=seen / len(data["train_y"]),
+                    s_per_step=out.wall_s / cfg["pretrain_steps"], final_loss=float(out.history["loss"].iloc[-5:].mean()),
+                    test_accuracy=100 * float((logits.argmax(1).numpy() == data["test_y"]).mean()))
+        out.model.save_pretrained(tmp)
+        (tmp / "pretrain_info.json").write_text(json.dumps(info))
+
+    path = cache.artifact("03_vit_fashion_mnist", {**key, "seed": seed}, build)
+    model = ViTForImageClassification.from_pretrained(path).eval()
+    return model, json.loads((path / "pretrain_info.json").read_text())
+
+
+def vit_calibration(model, x, cfg: dict, model_key: str) -> dict:
+    """FFN inputs ``{layer: [T, d]}`` of the dense ViT (every other layer; CLS and patch tokens) over the first
+    ``cfg["calib_images"]`` training images, at most ``cfg["calib_tokens"]`` per layer, cached by ``moelab.cache.memo``
+    (poster Step 1's "collect FFN input activations X")."""
+    import hashlib
+    from moelab import cache
+    from moelab.core import collect_ffn_inputs
+
+    n, bs = cfg["calib_images"], 128
+    batches = ({"pixel_values": to_pixels(x[i:i + bs])} for i in range(0, n, bs))
+    key = {"model": model_key, "images": hashlib.sha256(np.ascontiguousarray(x[:n]).tobytes()).hexdigest()[:16], "n": n,
+           "max_tokens": cfg["calib_tokens"], "layers": "every_other"}
+    return cache.memo("03_vit_ffn_inputs", key, lambda: collect_ffn_inputs(model, batches, layers="every_other",
+                                                                            max_tokens=cfg["calib_tokens"]))
+
+
+def few_shot_indices(y, k: int, seed) -> np.ndarray:
+    """Exactly ``k`` indices per class of ``y`` drawn without replacement, deterministic per ``seed`` (an int or a
+    sequence for ``numpy.random.default_rng``); ``ValueError`` naming a class with fewer than ``k`` examples."""
+    y = np.asarray(y)
+    if not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be a positive int, got {k!r}")
+    rng = np.random.default_rng(seed)
+    out = []
+    for c in np.unique(y):
+        idx = np.flatnonzero(y == c)
+        if len(idx) < k:
+            raise ValueError(f"class {c} has {len(idx)} examples, fewer than k={k} shots")
+        out.append(rng.choice(idx, size=k, replace=False))
+    return np.concatenate(out)
+
+
+def few_shot_probe(train_feats, train_y, test_feats, test_y, k: int, draws: int, seed: int) -> np.ndarray:
+    """Linear probe (scikit-learn ``StandardScaler`` + ``LogisticRegression``, default C=1) on ``k`` shots per class
+    of frozen features, ``draws`` independent shot draws (seeded by ``(seed, k, draw)``, the same for every method so
+    the comparison is paired). Returns per-test-item accuracy averaged over draws ``[N_test]`` in [0, 1]."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    train_feats, test_feats = np.asarray(train_feats, np.float64), np.asarray(test_feats, np.float64)
+    hits = np.zeros(len(test_y))
+    for d in range(draws):
+        idx = few_shot_indices(train_y, k, [seed, k, d])
+        clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000)).fit(train_feats[idx], train_y[idx])
+        hits += clf.predict(test_feats) == np.asarray(test_y)
+    return hits / draws
+
+
+def finetune_accuracy(model, data: dict, cfg: dict, seed: int) -> np.ndarray:
+    """"Full fine-tuning" analogue: a copy of ``model`` with a fresh 10-way head (seeded) is trained end to end on
+    the CIFAR training pool (``cfg["ft_steps"]`` x ``cfg["ft_batch"]``, lr ``cfg["ft_lr"]``, balancing loss, no EESD)
+    and scored on the evaluation pool. Returns per-item 0/1 correctness."""
+    m = copy.deepcopy(model)
+    torch.manual_seed(seed)
+    m.classifier = nn.Linear(m.classifier.in_features, int(data["cifar_train_y"].max()) + 1)
+    out = train_classifier(m, data["cifar_train_x"], data["cifar_train_y"], steps=cfg["ft_steps"],
+                           batch_size=cfg["ft_batch"], lr=cfg["ft_lr"], seed=seed, aux_coef=cfg["aux_coef"],
+                           desc="fine-tune")
+    logits, _ = vit_outputs(out.model, data["cifar_test_x"])
+    return (logits.argmax(1).numpy() == data["cifar_test_y"]).astype(float)
+
+
+def run_vision_condition(vit_dense, method: str, seed: int, data: dict, calib: dict, cfg: dict) -> dict:
+    """One (method, seed) cell of notebook 03's vision experiment: upcycle every other FFN of the pretrained ViT
+    (``cfg["num_experts"]`` experts, top-``cfg["top_k"]``), continue training on Fashion-MNIST (all parameters;
+    EESD when the method has it; ``"dense"`` skips training), then score: Fashion-MNIST test correctness, k-shot
+    probes on CIFAR-10 features, and CIFAR-10 fine-tuning. Returns plain data (per-item arrays, history, timings)."""
+    import time
+    from moelab.seed import seed_everything
+
+    seed_everything(seed)
+    model = copy.deepcopy(vit_dense)
+    ci = upcycle(model, method, calib, seed, cfg["num_experts"], cfg["top_k"], cfg["energy"])
+    res = {"method": method, "seed": seed, "init_log": ci.log if ci else None, "history": None, "timing": []}
+    if method != "dense":
+        eesd = EESD(model, decay=cfg["eesd_decay"], weight=cfg["eesd_weight"]) if METHODS[method][2] else None
+        out = train_classifier(model, data["train_x"], data["train_y"], steps=cfg["steps"],
+                               batch_size=cfg["batch_size"], lr=cfg["lr"], seed=seed, aux_coef=cfg["aux_coef"],
+                               eesd=eesd, desc=f"{method} s{seed}")
+        model, res["history"] = out.model, out.history
+        res["timing"].append(("continued_training", cfg["steps"], out.wall_s))
+        if eesd:
+            eesd.remove()
+    t0 = time.perf_counter()
+    logits, _ = vit_outputs(model, data["test_x"])
+    res["fmnist_test"] = (logits.argmax(1).numpy() == data["test_y"]).astype(float)
+    _, f_tr = vit_outputs(model, data["cifar_train_x"])
+    _, f_te = vit_outputs(model, data["cifar_test_x"])
+    for k in cfg["shots"]:
+        res[f"cifar_{k}shot"] = few_shot_probe(f_tr.numpy(), data["cifar_train_y"], f_te.numpy(),
+                                               data["cifar_test_y"], k, cfg["probe_draws"], seed)
+    res["timing"].append(("evaluation_and_probes", 0, time.perf_counter() - t0))
+    if cfg["ft_steps"]:
+        t0 = time.perf_counter()
+        res["cifar_ft"] = finetune_accuracy(model, data, cfg, seed)
+        res["timing"].append(("fine_tuning", cfg["ft_steps"], time.perf_counter() - t0))
+    return res
+
+
+def vision_data(cfg: dict) -> dict:
+    """Fashion-MNIST (continued training, test) and CIFAR-10 test images converted to 28x28 grey
+    (:func:`cifar_to_grey28`; ``cifar10_test`` splits them into a training pool and an evaluation pool) for
+    ``cfg["data_profile"]``'s sizes; ``cfg["n_test"]``, ``cfg["n_cifar_train"]`` and ``cfg["n_cifar_test"]`` (None =
+    all) cap the Fashion-MNIST test set and the two CIFAR pools (seeded, class-stratified)."""
+    from moelab.suite import images
+
+    fm, cf = images.fashion_mnist(cfg["data_profile"]), images.cifar10_test(cfg["data_profile"])
+    te = images.stratified_subset(fm["test_y"], cfg.get("n_test"), 3)
+    ctr = images.stratified_subset(cf["train_y"], cfg.get("n_cifar_train"), 4)
+    cte = images.stratified_subset(cf["test_y"], cfg.get("n_cifar_test"), 5)
+    return dict(train_x=fm["train_x"], train_y=fm["train_y"], test_x=fm["test_x"][te], test_y=fm["test_y"][te],
+                cifar_train_x=cifar_to_grey28(cf["train_x"][ctr]), cifar_train_y=cf["train_y"][ctr],
+                cifar_test_x=cifar_to_grey28(cf["test_x"][cte]), cifar_test_y=cf["test_y"][cte])
+
+
+def vision_experiment(methods, seeds, cfg: dict, use_cache: bool = True) -> dict:
+    """Notebook 03's vision experiment: the ViT is pretrained once (first seed, cached), its FFN inputs collected once
+    (cached), then every (method, seed) cell runs :func:`run_vision_condition` (each cached by its settings; the
+    untrained ``"dense"`` model runs with the first seed only).
+
+    ``cfg`` keys: ``vit``, ``data_profile``, ``pretrain_steps``, ``pretrain_batch``, ``pretrain_lr``,
+    ``calib_images``, ``calib_tokens``, ``n_test``, ``n_cifar_train``, ``n_cifar_test``, ``steps``, ``batch_size``,
+    ``lr``, ``shots``, ``probe_draws``, ``ft_steps``, ``ft_batch``, ``ft_lr``, ``num_experts``, ``top_k``, ``energy``, ``eesd_decay``, ``eesd_weight``,
+    ``aux_coef``. Returns tidy DataFrames: ``items`` (method, seed, task, item, score: per-item 0/1, probe scores
+    averaged over shot draws), ``accuracy`` (method, seed, task, accuracy in %), ``history`` (per training step),
+    ``timing`` (method, seed, phase, steps, wall_s), ``pretrain`` (one row), and the raw ``results`` (init logs for
+    :func:`init_table`). Tasks: ``fmnist_test``, ``cifar_{k}shot`` for k in ``shots``, ``cifar_ft``.
+    """
+    import pandas as pd
+    from moelab import cache
+
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise ValueError(f"unknown vision method(s) {bad}; expected names from {list(METHODS)}")
+    if not seeds:
+        raise ValueError("vision_experiment needs at least one seed")
+    vit, info = pretrain_vit(cfg, seeds[0])
+    model_key = cache.key({k: cfg[k] for k in ("vit", "data_profile", "pretrain_steps", "pretrain_batch",
+                                                 "pretrain_lr")} | {"seed": seeds[0]})
+    data = vision_data(cfg)
+    calib = vit_calibration(vit, data["train_x"], cfg, model_key)
+    results = []
+    for method in methods:
+        for seed in (seeds[:1] if method == "dense" else seeds):
+            key = {"model": model_key, "method": method, "seed": seed,
+                   **{k: v for k, v in cfg.items() if k not in ("vit", "methods", "seeds")}}
+
+            def compute(method=method, seed=seed):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)  # small clusters get SVD-LLM jitter, by design
+                    return run_vision_condition(vit, method, seed, data, calib, cfg)
+
+            results.append(cache.memo("03_vit_condition", key, compute) if use_cache else compute())
+    tasks = ["fmnist_test"] + [f"cifar_{k}shot" for k in cfg["shots"]] + (["cifar_ft"] if cfg["ft_steps"] else [])
+    items = pd.DataFrame([{"method": r["method"], "seed": r["seed"], "task": t, "item": i, "score": float(v)}
+                          for r in results for t in tasks for i, v in enumerate(r[t])], columns=VISION_COLUMNS["items"])
+    acc = (items.groupby(["method", "seed", "task"], sort=False)["score"].mean() * 100).rename("accuracy").reset_index()
+    hist = [r["history"].assign(method=r["method"], seed=r["seed"]) for r in results if r["history"] is not None]
+    timing = pd.DataFrame([{"method": r["method"], "seed": r["seed"], "phase": p, "steps": n, "wall_s": w}
+                           for r in results for p, n, w in r["timing"]])
+    return dict(items=items, accuracy=acc, history=pd.concat(hist, ignore_index=True) if hist else pd.DataFrame(),
+                timing=timing, pretrain=pd.DataFrame([info]), results=results)
+
+
+def per_item_scores(items, method: str, task: str) -> np.ndarray:
+    """[seeds, items] scores of one method on one task from ``vision_experiment(...)["items"]`` (for
+    ``run.claims.effect``), seeds in order."""
+    sub = items[(items["method"] == method) & (items["task"] == task)]
+    if sub.empty:
+        raise ValueError(f"no scores for method {method!r} on task {task!r}")
+    return sub.pivot(index="seed", columns="item", values="score").sort_index().to_numpy()
+
+
+def vision_table(accuracy) -> "pd.DataFrame":
+    """Few-shot-table analogue: mean (std) accuracy in % over seeds, one row per method, one column per task."""
+    g = accuracy.groupby(["method", "task"], sort=False)["accuracy"]
+    mean, std = g.mean().unstack("task"), g.std().unstack("task")
+    order = list(dict.fromkeys(accuracy["method"]))
+    cols = list(dict.fromkeys(accuracy["task"]))
+    out = mean.reindex(index=order, columns=cols).round(2)
+    return out.join(std.reindex(index=order, columns=cols).round(2).add_suffix("_std"))
+
+
+def plot_vision(accuracy, methods=None):
+    """Bars (mean over seeds) and dots (seeds) of accuracy per task and method (notebook 03's vision figure)."""
+    import matplotlib.pyplot as plt
+
+    tasks = list(dict.fromkeys(accuracy["task"]))
+    methods = methods or list(dict.fromkeys(accuracy["method"]))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(3.6 * len(tasks), 3.4), squeeze=False)
+    for ax, t in zip(axes[0], tasks):
+        sub = accuracy[accuracy["task"] == t]
+        for i, m in enumerate(methods):
+            v = sub[sub["method"] == m]["accuracy"]
+            ax.bar(i, v.mean(), alpha=0.35)
+            ax.scatter([i] * len(v), v, s=14)
+        ax.set_xticks(range(len(methods)), methods, rotation=35, ha="right")
+        ax.set_title(t)
+        lo, hi = sub["accuracy"].min(), sub["accuracy"].max()
+        ax.set_ylim(max(0, lo - 3), min(100, hi + 2))
+    axes[0][0].set_ylabel("accuracy (%)")
     fig.tight_layout()
     return fig

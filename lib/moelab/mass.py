@@ -30,7 +30,9 @@ __all__ = ["StackedMoETransformer", "topk_weights", "top_p_weights", "train_stac
            "rolling_z", "cpd_pvalue", "weight_grad_cos", "project_rows", "MassConfig", "MassExpander",
            "frontier", "elbow_max_chord", "routing_jsd", "sinusoidal_positions", "collect_routing", "SynthSetup",
            "run_naive", "run_mass", "jsd_points", "mass_settings", "slots_delta", "plot_fig2", "plot_fig3", "plot_appc",
-           "load_glue_task", "bert_large_path"]
+           "load_glue_task", "bert_large_path", "redundancy_term", "duplicate_rows", "MassPool", "GLUE_METHODS",
+           "GlueStandinConfig", "duplicate_layer_expert", "MassLayerExpander", "DynMoEAdapter", "MiniLMClassifier",
+           "glue_standin", "run_glue_standin", "glue_summary", "plot_glue_standin"]
 
 
 # ----------------------------------------------------------------------------------------------- routing
@@ -291,18 +293,195 @@ class MassConfig:
         return self.warmup + self.window - 1 <= self.expand_until
 
 
-class MassExpander:
-    """Adaptive expansion for every model of a :class:`StackedMoETransformer` (MASS Alg. 1; notebook 04).
+def redundancy_term(gate_rows: torch.Tensor, pairs) -> torch.Tensor:
+    """sum_{(i,j) in D} cos(W_g[i], W_g[j])^2 over the duplicated pairs D (MASS Sec. 3.7).  gate_rows [E, d] -> []."""
+    if not pairs:
+        return gate_rows.new_zeros(())
+    i, j = map(list, zip(*pairs))
+    gi, gj = F.normalize(gate_rows[i], dim=-1), F.normalize(gate_rows[j], dim=-1)
+    return ((gi * gj).sum(-1) ** 2).sum()
 
-    Per step in the expansion phase (first ``expand_frac`` of steps, until stopped), per model:
-    1. g_t^e = ||grad W1_e||_F for each active expert; after its warm-up, z_t = (g_t - mean W)/std W over the last
-       ``window`` norms; S = sum of the last ``window`` z / sqrt(window); p = 1 - Phi(S).
+
+@torch.no_grad()
+def duplicate_rows(rows, optimizer) -> None:
+    """MASS duplication with gradient decomposition (Sec. 3.6) on slot rows of parameters.
+    ``rows``: (param, src_index, dst_index, project).  theta[dst] <- theta[src]; grad[dst] <- grad[src] (the copy takes
+    the full gradient); if ``project``: grad[src] <- row-wise aligned part (:func:`project_rows`); Adam moments of dst
+    start at zero."""
+    for p, src, dst, project in rows:
+        p[dst] = p[src]
+        if p.grad is not None:
+            g_src = p.grad[src].clone()
+            p.grad[dst] = g_src
+            if project:
+                p.grad[src] = project_rows(g_src, p[src])
+        st = optimizer.state.get(p, {}) if optimizer is not None else {}
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in st:
+                st[key][dst] = 0.0
+
+
+class MassPool:
+    """Expansion state machine of one expert pool (MASS Alg. 1; notebook 04), shared by :class:`MassExpander` (one
+    pool per stacked synthetic model) and :class:`MassLayerExpander` (one ``MoELayer``, real-data part).
+
+    The pool decides; a *view* acts on the model: ``active() -> ids``, ``grad_norms() -> [E]`` (||grad W1_e||_F),
+    ``cos(e)``, ``nll_full()``, ``nll_masked(e)`` (current batch without expert e), ``free() -> ids``,
+    ``duplicate(src, dst)``, ``deactivate(e)``, ``n_active()``.  Per step in the expansion phase:
+    1. g_t^e for each active expert; after its warm-up, z_t = (g_t - mean W)/std W over the last ``window`` norms;
+       S = sum of the last ``window`` z / sqrt(window); p = 1 - Phi(S).
     2. the first expert with a full z-window, p < p_threshold and |cos(W1_e, grad W1_e)| < delta is a candidate.
-    3. if an expert was added before: re-run the batch with the last-added expert masked; if that does not raise
-       the NLL, remove it (patience -= 1, stop at 0) instead of expanding; else duplicate the candidate into a free
-       slot (expert W1, b1 and gate row); its gradients: source keeps the row-wise aligned part, the copy the full
-       gradient; the source's warm-up restarts; Adam moments of the new slot start at zero.
+    3. if an expert was added before: if the NLL without the last-added expert is not higher, remove it
+       (patience -= 1, stop at 0) instead of expanding; else duplicate the candidate into a free slot; the source's
+       warm-up restarts.
     4. stop at the maximum pool size.
+    """
+
+    def __init__(self, cfg: MassConfig, pool_id: int = 0, events: list | None = None, trace: list | None = None):
+        E = cfg.max_experts
+        self.cfg, self.pool_id = cfg, pool_id
+        self.count = np.zeros(E, dtype=int)
+        self.gwin = [deque(maxlen=cfg.window) for _ in range(E)]
+        self.zwin = [deque(maxlen=cfg.window) for _ in range(E)]
+        self.pairs, self.added = [], []
+        self.patience = cfg.patience
+        self.stopped, self.stop_reason = False, ""
+        self.events = [] if events is None else events     # dicts: step, model, kind, expert, new, p, cos
+        self.trace = [] if trace is None else trace        # tuples: step, model, expert, grad_norm, z, p
+
+    def expanding(self, step: int) -> bool:
+        return step < self.cfg.expand_until and not self.stopped
+
+    def _event(self, step, kind, expert=-1, new=-1, p=np.nan, cos=np.nan):
+        self.events.append(dict(step=step, model=self.pool_id, kind=kind, expert=int(expert), new=int(new), p=p, cos=cos))
+
+    def observe(self, step: int, e: int, gnorm: float) -> float:
+        """Record g_t of expert e; returns the change-point p-value (nan until warm-up + a full window)."""
+        self.count[e] += 1
+        gw = self.gwin[e]
+        gw.append(gnorm)
+        z = p = np.nan
+        if self.count[e] >= self.cfg.warmup:
+            arr = np.asarray(gw)
+            sd = arr.std(ddof=1) if len(arr) > 1 else 0.0
+            z = 0.0 if sd == 0 else (gnorm - arr.mean()) / sd     # z_t = (g_t - mean W) / std W
+            self.zwin[e].append(z)
+            if len(self.zwin[e]) == self.cfg.window:
+                p = cpd_pvalue(self.zwin[e], self.cfg.window)     # p = 1 - Phi(sum z / sqrt(W))
+        self.trace.append((step, self.pool_id, e, gnorm, z, p))
+        return p
+
+    def after_backward(self, step: int, view) -> None:
+        if not self.expanding(step):
+            return
+        gn = view.grad_norms()
+        cand = None
+        for e in view.active():
+            p = self.observe(step, e, float(gn[e]))
+            if cand is None and p < self.cfg.p_threshold:
+                cos = view.cos(e)
+                self._event(step, "fire", e, p=p, cos=cos)
+                if abs(cos) < self.cfg.delta:
+                    cand = (int(e), p, cos)
+        if cand is not None:
+            self.act(step, view, cand)
+
+    def act(self, step: int, view, cand) -> None:
+        if self.added:                                          # NLL stopping test on the current batch
+            last = self.added[-1]
+            if view.nll_masked(last) <= view.nll_full():       # the last expert does not help: remove it
+                view.deactivate(last)
+                self.added.pop()
+                self.pairs = [pr for pr in self.pairs if pr[1] != last]
+                self.patience -= 1
+                self._event(step, "remove", last, p=cand[1], cos=cand[2])
+                if self.patience <= 0:
+                    self.stop(step, "patience")
+                return
+        src = cand[0]
+        free = view.free()
+        if len(free) == 0:
+            self.stop(step, "max_pool")
+            return
+        dst = int(free[0])
+        view.duplicate(src, dst)
+        self.added.append(dst)
+        self.pairs.append((src, dst))
+        self.count[src] = self.count[dst] = 0                   # source's warm-up restarts
+        self.gwin[dst].clear()
+        self.zwin[dst].clear()
+        self._event(step, "expand", src, dst, cand[1], cand[2])
+        if view.n_active() >= self.cfg.max_experts:
+            self.stop(step, "max_pool")
+
+    def stop(self, step: int, why: str) -> None:
+        self.stopped, self.stop_reason = True, why
+        self._event(step, f"stop_{why}")
+
+
+class _PerPool:
+    """``expander.<attr>[m]`` (and ``[m, e]``) views onto the per-pool states (keeps MassExpander's per-model API)."""
+
+    def __init__(self, pools, name):
+        self.pools, self.name = pools, name
+
+    def __getitem__(self, i):
+        if isinstance(i, tuple):
+            return getattr(self.pools[i[0]], self.name)[i[1:] if len(i) > 2 else i[1]]
+        return getattr(self.pools[i], self.name)
+
+    def __setitem__(self, i, value):
+        setattr(self.pools[i], self.name, value)
+
+    def __len__(self):
+        return len(self.pools)
+
+    def __iter__(self):
+        return (getattr(p, self.name) for p in self.pools)
+
+
+class _StackedView:
+    """Model m of a :class:`StackedMoETransformer` as seen by :class:`MassPool`."""
+
+    def __init__(self, model, m, optimizer, nll_fn, gn=None):
+        self.model, self.m, self.opt, self.nll_fn, self.gn = model, m, optimizer, nll_fn, gn
+
+    def active(self):
+        return np.flatnonzero(self.model.active[self.m].numpy())
+
+    def free(self):
+        return np.flatnonzero(~self.model.active[self.m].numpy())
+
+    def n_active(self):
+        return int(self.model.active[self.m].sum())
+
+    def grad_norms(self):
+        return self.gn[self.m]
+
+    def cos(self, e):
+        return weight_grad_cos(self.model.w1[self.m, e], self.model.w1.grad[self.m, e])
+
+    def nll_full(self):
+        return self.model._last_losses[self.m]
+
+    def nll_masked(self, e):
+        masked = self.model.active.clone()
+        masked[self.m, e] = False
+        with torch.no_grad():
+            return self.nll_fn(self.model, self.model._last_batch, masked)[self.m]
+
+    def duplicate(self, src, dst):
+        MassExpander.duplicate(self.model, self.opt, self.m, src, dst)
+
+    def deactivate(self, e):
+        self.model.active[self.m, e] = False
+
+
+class MassExpander:
+    """Adaptive expansion for every model of a :class:`StackedMoETransformer` (MASS Alg. 1; notebook 04): one
+    :class:`MassPool` per model (see there for the per-step rule).  Duplication copies expert W1, b1 and the gate
+    row into a free slot; gradients: source keeps the row-wise aligned part, the copy the full gradient; Adam
+    moments of the new slot start at zero.
     ``redundancy_loss(step, model)`` = weight * sum_{(i,j) dup} cos(g_i, g_j)^2 during expansion (MASS Sec. 3.7).
     """
 
@@ -311,106 +490,32 @@ class MassExpander:
         # nll_fn(model, batch, active [M,E]) -> per-model NLL [M]; default: the stacked model's next-token CE
         self.nll_fn = nll_fn or (lambda model, batch, active: _nll(model(batch[:, :-1], active=active), batch).mean(1))
         self.M = n_models
-        E = cfg.max_experts
-        self.count = np.zeros((n_models, E), dtype=int)
-        self.gwin = [[deque(maxlen=cfg.window) for _ in range(E)] for _ in range(n_models)]
-        self.zwin = [[deque(maxlen=cfg.window) for _ in range(E)] for _ in range(n_models)]
-        self.pairs = [[] for _ in range(n_models)]
-        self.added = [[] for _ in range(n_models)]
-        self.patience = np.full(n_models, cfg.patience)
-        self.stopped = np.zeros(n_models, dtype=bool)
-        self.stop_reason = [""] * n_models
-        self.trace = []       # rows: step, model, expert, grad_norm, z, p
-        self.events = []      # rows: step, model, kind (fire|expand|remove|stop_*), expert, new, p, cos
+        self.trace, self.events = [], []
+        self.pools = [MassPool(cfg, m, self.events, self.trace) for m in range(n_models)]
+        for name in ("count", "gwin", "zwin", "pairs", "added", "patience", "stopped", "stop_reason"):
+            setattr(self, name, _PerPool(self.pools, name))
 
     def expanding(self, step: int, m: int) -> bool:
-        return step < self.cfg.expand_until and not self.stopped[m]
+        return self.pools[m].expanding(step)
 
     def redundancy_loss(self, step: int, model: StackedMoETransformer) -> torch.Tensor:
         """L_red = w * sum_{(i,j) in D} cos(W_g[i], W_g[j])^2, only while expanding (MASS Sec. 3.7)."""
         tot = model.gate.new_zeros(())
         for m in range(self.M):
-            if step < self.cfg.expand_until and self.pairs[m]:
-                i, j = map(list, zip(*self.pairs[m]))
-                gi, gj = F.normalize(model.gate[m, i], dim=-1), F.normalize(model.gate[m, j], dim=-1)
-                tot = tot + ((gi * gj).sum(-1) ** 2).sum()
+            if step < self.cfg.expand_until and self.pools[m].pairs:
+                tot = tot + redundancy_term(model.gate[m], self.pools[m].pairs)
         return self.cfg.redundancy_weight * tot
-
-    def _observe(self, step, m, e, gnorm):
-        c = self.count[m, e] = self.count[m, e] + 1
-        gw = self.gwin[m][e]
-        gw.append(gnorm)
-        z = p = np.nan
-        if c >= self.cfg.warmup:
-            arr = np.asarray(gw)
-            sd = arr.std(ddof=1) if len(arr) > 1 else 0.0
-            z = 0.0 if sd == 0 else (gnorm - arr.mean()) / sd
-            self.zwin[m][e].append(z)
-            if len(self.zwin[m][e]) == self.cfg.window:
-                p = cpd_pvalue(self.zwin[m][e], self.cfg.window)
-        self.trace.append((step, m, e, gnorm, z, p))
-        return p
 
     @torch.no_grad()
     def after_backward(self, step: int, model: StackedMoETransformer, optimizer) -> None:
-        cfg = self.cfg
-        if model.E != cfg.max_experts:
-            raise ValueError(f"model has {model.E} slots but max_experts={cfg.max_experts}")
+        if model.E != self.cfg.max_experts:
+            raise ValueError(f"model has {model.E} slots but max_experts={self.cfg.max_experts}")
         gn = model.w1.grad.flatten(2).norm(dim=-1)                                  # ||grad W1_e||_F  [M, E]
-        for m in range(self.M):
-            if not self.expanding(step, m):
-                continue
-            act = np.flatnonzero(model.active[m].numpy())
-            cand = None
-            for e in act:
-                p = self._observe(step, m, e, float(gn[m, e]))
-                if cand is None and p < cfg.p_threshold:
-                    cos = weight_grad_cos(model.w1[m, e], model.w1.grad[m, e])
-                    self.events.append(dict(step=step, model=m, kind="fire", expert=int(e), new=-1, p=p, cos=cos))
-                    if abs(cos) < cfg.delta:
-                        cand = (int(e), p, cos)
-            if cand is not None:
-                self._act(step, model, optimizer, m, cand)
+        for m, pool in enumerate(self.pools):
+            pool.after_backward(step, _StackedView(model, m, optimizer, self.nll_fn, gn))
 
     def _act(self, step, model, optimizer, m, cand):
-        cfg = self.cfg
-        if self.added[m]:                                       # NLL stopping test on the current batch
-            last = self.added[m][-1]
-            masked = model.active.clone()
-            masked[m, last] = False
-            batch = model._last_batch
-            with torch.no_grad():
-                nll_masked = self.nll_fn(model, batch, masked)[m]
-            if nll_masked <= model._last_losses[m]:             # the last expert does not help: remove it
-                model.active[m, last] = False
-                self.added[m].pop()
-                self.pairs[m] = [pr for pr in self.pairs[m] if pr[1] != last]
-                self.patience[m] -= 1
-                self.events.append(dict(step=step, model=m, kind="remove", expert=last, new=-1, p=cand[1], cos=cand[2]))
-                if self.patience[m] <= 0:
-                    self._stop(step, m, "patience")
-                return
-        src = cand[0]
-        free = np.flatnonzero(~model.active[m].numpy())
-        if len(free) == 0:
-            self._stop(step, m, "max_pool")
-            return
-        dst = int(free[0])
-        self.duplicate(model, optimizer, m, src, dst)
-        self.added[m].append(dst)
-        self.pairs[m].append((src, dst))
-        self.count[m, src] = 0                                  # source's warm-up restarts
-        self.count[m, dst] = 0
-        self.gwin[m][dst].clear()
-        self.zwin[m][dst].clear()
-        self.events.append(dict(step=step, model=m, kind="expand", expert=src, new=dst, p=cand[1], cos=cand[2]))
-        if int(model.active[m].sum()) >= cfg.max_experts:
-            self._stop(step, m, "max_pool")
-
-    def _stop(self, step, m, why):
-        self.stopped[m] = True
-        self.stop_reason[m] = why
-        self.events.append(dict(step=step, model=m, kind=f"stop_{why}", expert=-1, new=-1, p=np.nan, cos=np.nan))
+        self.pools[m].act(step, _StackedView(model, m, optimizer, self.nll_fn), cand)
 
     @staticmethod
     @torch.no_grad()
@@ -420,17 +525,8 @@ class MassExpander:
         the new expert and gate row take the full gradients (MASS Sec. 3.6)."""
         if model.active[m, dst]:
             raise ValueError(f"slot {dst} of model {m} is already active")
-        for p in (model.w1, model.b1, model.gate):
-            p[m, dst] = p[m, src]
-            if p.grad is not None:
-                g_src = p.grad[m, src].clone()
-                p.grad[m, dst] = g_src
-                if p is not model.b1:
-                    p.grad[m, src] = project_rows(g_src, p[m, src])
-            st = optimizer.state.get(p, {}) if optimizer is not None else {}
-            for key in ("exp_avg", "exp_avg_sq"):
-                if key in st:
-                    st[key][m, dst] = 0.0
+        duplicate_rows([(model.w1, (m, src), (m, dst), True), (model.b1, (m, src), (m, dst), False),
+                        (model.gate, (m, src), (m, dst), True)], optimizer)
         model.active[m, dst] = True
 
 
@@ -582,12 +678,14 @@ def mass_settings(total_steps: int) -> tuple[int, int]:
     return max(3, round(0.005 * total_steps)), max(6, round(0.01 * total_steps))
 
 
-def slots_delta(d_model: int, paper_delta: float = 0.001, paper_numel: int = 1024 * 512) -> float:
+def slots_delta(d_model: int, paper_delta: float = 0.001, paper_numel: int = 1024 * 512, numel: int | None = None) -> float:
     """Semantic threshold scaled to our expert size: |cos| of unrelated vectors scales as 1/sqrt(numel W1), so the
-    GLUE delta 0.001 (BERT-large FFN 4096 split into 8 experts: W1 512x1024) maps to 0.001*sqrt(524288/numel)."""
-    if d_model < 1:
-        raise ValueError(f"d_model={d_model} must be >= 1")
-    return paper_delta * math.sqrt(paper_numel / (d_model * d_model))
+    GLUE delta 0.001 (BERT-large FFN 4096 split into 8 experts: W1 512x1024) maps to 0.001*sqrt(524288/numel).
+    ``numel`` = size of W1 (default d_model^2, the synthetic model's square W1)."""
+    numel = d_model * d_model if numel is None else numel
+    if numel < 1:
+        raise ValueError(f"W1 size d_model={d_model} / numel={numel} must be >= 1")
+    return paper_delta * math.sqrt(paper_numel / numel)
 
 
 # ----------------------------------------------------------------------------------------------- figures
@@ -695,3 +793,415 @@ def bert_large_path(path) -> "Path":
         raise MissingAsset("bert-large", f"no config.json under {p} (pass MODEL_PATH: a local bert-large folder)",
                            command="copy bert-large-uncased (HF format) locally and pass MODEL_PATH")
     return p
+
+
+# ----------------------------------------------------------------------------------------------- real-data part (GLUE stand-in)
+# MASS Sec. 4.4 / Fig. 4 fine-tunes BERT-large with MoE FFNs on five GLUE tasks and compares a cosine-router MoE (GMoE),
+# DynMoE and MASS (accuracy, final pool size, active experts per token; 3 seeds).  Offline stand-in (notebook 04,
+# section 7, ``full`` profile): all-MiniLM-L6-v2 with the FFN of one layer sparse-upcycled to an MoE, fine-tuned on the
+# suite's usable text classification tasks (``moelab.suite.textcls``).
+GLUE_METHODS = ("cosine", "dynmoe", "mass")
+
+
+@dataclass
+class GlueStandinConfig:
+    """Settings of the GLUE stand-in (notebook 04 section 7).  ``layer``: MiniLM layer whose FFN becomes the MoE
+    (-1 = last).  cosine: fixed pool ``cosine_experts``, top-``cosine_top_k``.  dynmoe / mass: start with
+    ``init_experts`` active of ``max_experts`` slots; dynmoe adapts every ``dyn_interval`` steps; mass uses top-p
+    routing (p = 0.5, the paper's GLUE value) and expands in the first ``expand_frac`` of the steps."""
+    steps: int = 100
+    batch_size: int = 16
+    lr: float = 5e-5            # pretrained weights (MiniLM and the upcycled experts)
+    lr_new: float = 1e-3        # fresh weights (router rows, gate thresholds, classification head)
+    max_length: int = 64
+    eval_every: int = 25
+    warmup_frac: float = 0.1
+    aux_weight: float = 0.01    # Switch/GShard balancing loss, same weight for every method
+    layer: int = -1
+    cosine_experts: int = 4
+    cosine_top_k: int = 2
+    init_experts: int = 4
+    max_experts: int = 9        # the paper's DynMoE pool on GLUE is 9
+    dyn_interval: int = 10
+    top_p: float = 0.5
+    expand_frac: float = 0.10
+    patience: int = 3
+
+    def __post_init__(self):
+        for n in ("steps", "batch_size", "max_length", "eval_every", "cosine_experts", "cosine_top_k", "init_experts",
+                  "max_experts", "dyn_interval", "patience"):
+            if int(getattr(self, n)) < 1:
+                raise ValueError(f"GlueStandinConfig.{n}={getattr(self, n)!r} must be >= 1")
+        if not 1 <= self.init_experts <= self.max_experts or self.cosine_top_k > self.cosine_experts:
+            raise ValueError(f"need 1 <= init_experts={self.init_experts} <= max_experts={self.max_experts} and "
+                             f"cosine_top_k={self.cosine_top_k} <= cosine_experts={self.cosine_experts}")
+
+    def mass_config(self, numel_w1: int) -> MassConfig:
+        """MASS settings for the real-data part: warm-up/window from :func:`mass_settings` (a first test after
+        warm-up + window - 1 steps, inside the expansion phase when steps >= ~80), delta = GLUE's 0.001 scaled to
+        the expert's W1 size (:func:`slots_delta`)."""
+        warmup, window = mass_settings(self.steps)
+        return MassConfig(total_steps=self.steps, warmup=warmup, window=window, patience=self.patience,
+                          delta=slots_delta(0, numel=numel_w1), max_experts=self.max_experts,
+                          expand_frac=self.expand_frac)
+
+
+class _LayerView:
+    """One :class:`moelab.core.MoELayer` as seen by :class:`MassPool` (W1 = the experts' ``w_in``)."""
+
+    def __init__(self, layer, optimizer, nll_fn):
+        self.layer, self.opt, self.nll_fn = layer, optimizer, nll_fn
+
+    def active(self):
+        return np.flatnonzero(self.layer.active_mask.cpu().numpy())
+
+    def free(self):
+        return np.flatnonzero(~self.layer.active_mask.cpu().numpy())
+
+    def n_active(self):
+        return int(self.layer.active_mask.sum())
+
+    def grad_norms(self):
+        w = self.layer.experts.w_in
+        return torch.zeros(w.shape[0]) if w.grad is None else w.grad.flatten(1).norm(dim=-1).cpu()   # [E]
+
+    def cos(self, e):
+        w = self.layer.experts.w_in
+        return 1.0 if w.grad is None else weight_grad_cos(w[e], w.grad[e])
+
+    def nll_full(self):
+        return self.nll_fn(None)
+
+    def nll_masked(self, e):
+        return self.nll_fn(e)
+
+    def duplicate(self, src, dst):
+        duplicate_layer_expert(self.layer, self.opt, src, dst)
+
+    def deactivate(self, e):
+        self.layer.active_mask[e] = False
+
+
+@torch.no_grad()
+def duplicate_layer_expert(layer, optimizer, src: int, dst: int) -> None:
+    """MASS duplication (Sec. 3.6) in a ``MoELayer``: expert ``src`` (w_in, b_in, w_out, b_out) and its router row
+    into free slot ``dst``; grad w_in[src] and grad router[src] keep only their row-wise aligned parts, the copy
+    takes the full gradients; Adam moments of ``dst`` start at zero."""
+    if bool(layer.active_mask[dst]):
+        raise ValueError(f"slot {dst} is already active")
+    ex = layer.experts
+    rows = [(ex.w_in, src, dst, True), (ex.w_out, src, dst, False), (layer._router_rows(), src, dst, True)]
+    rows += [(p, src, dst, False) for p in (ex.b_in, ex.b_out) if p is not None]
+    duplicate_rows(rows, optimizer)
+    layer.active_mask[dst] = True
+
+
+class MassLayerExpander:
+    """MASS on one ``MoELayer`` with ``router="top_p"`` (real-data part, notebook 04 section 7): a :class:`MassPool`
+    driven from the trainer's ``after_backward(step, model, optimizer)`` hook (step 1-based).  ``nll_fn(masked_expert
+    or None) -> float``: loss of the current batch without that expert (the stopping test)."""
+
+    def __init__(self, cfg: MassConfig, layer, nll_fn):
+        if layer.num_experts != cfg.max_experts:
+            raise ValueError(f"layer has {layer.num_experts} slots but max_experts={cfg.max_experts}")
+        self.cfg, self.layer, self.nll_fn = cfg, layer, nll_fn
+        self.pool = MassPool(cfg)
+
+    def after_backward(self, step: int, model, optimizer) -> None:
+        with torch.no_grad():
+            self.pool.after_backward(step - 1, _LayerView(self.layer, optimizer, self.nll_fn))
+
+    def redundancy_loss(self, step: int) -> torch.Tensor:
+        """w * sum_{(i,j) in D} cos(W_g[i], W_g[j])^2 while expanding (MASS Sec. 3.7); step 0-based."""
+        rows = self.layer._router_rows()
+        if step >= self.cfg.expand_until or not self.pool.pairs:
+            return rows.new_zeros(())
+        return self.cfg.redundancy_weight * redundancy_term(rows, self.pool.pairs)
+
+
+class DynMoEAdapter:
+    """DynMoE's adaptive process on one ``MoELayer`` with ``router="topany"`` (Guo et al. 2024, LINs-lab/DynMoE;
+    notebook 04 section 7).  During training, per interval of ``interval`` steps, it records the tokens routed to
+    each expert and the tokens routed to none (top-any selects no expert: s_e <= sigmoid(theta_e) for all e).
+    At the end of the interval: experts that received no token are masked out (at least one stays); if some tokens
+    were unrouted and a slot is free, one expert is added with gate row w_new = mean of the unrouted tokens
+    (direction; the gate is a cosine), threshold 0 and FFN weights = the dense FFN copy it was upcycled from.
+    Simplifications: DynMoE's extra gate losses (diversity / simplicity) are replaced by the balancing loss used
+    for every method here; the adaptation runs through the whole fine-tuning (no separate stop)."""
+
+    def __init__(self, layer, interval: int):
+        if layer.router_type != "topany":
+            raise ValueError(f"DynMoE needs router='topany', got {layer.router_type!r}")
+        if interval < 1:
+            raise ValueError(f"interval={interval} must be >= 1")
+        self.layer, self.interval = layer, interval
+        ex = layer.experts
+        self.fresh = {n: getattr(ex, n)[0].detach().clone() for n in ex._params()}   # the dense FFN (slot 0 at init)
+        self.events = []
+        self._reset()
+        self._hook = layer.register_forward_hook(self._record)
+
+    def _reset(self):
+        E = self.layer.num_experts
+        self.routed = torch.zeros(E, dtype=torch.long)
+        self.unrouted_sum = torch.zeros(self.layer.d_model)
+        self.unrouted_n = 0
+
+    @torch.no_grad()
+    def _record(self, layer, args, out):
+        if not layer.training:
+            return
+        x = args[0].reshape(-1, layer.d_model)                                    # [T, d]
+        idx = layer.last_route.indices                                           # [T, k'] (-1 = no expert)
+        self.routed += torch.bincount(idx[idx >= 0].cpu(), minlength=layer.num_experts)
+        un = (idx < 0).all(-1)                                                   # unrouted tokens [T]
+        self.unrouted_sum += x[un].float().sum(0).cpu()
+        self.unrouted_n += int(un.sum())
+
+    def after_backward(self, step: int, model, optimizer) -> None:
+        if step % self.interval == 0:
+            self.adapt(optimizer, step)
+
+    @torch.no_grad()
+    def adapt(self, optimizer=None, step: int = 0) -> dict:
+        """Remove experts with no routed token in the interval, add one for unrouted tokens; returns what changed."""
+        from moelab.core.experts import optimizer_copy_rows
+        layer = self.layer
+        act = layer.active_mask.cpu()
+        unused = [int(e) for e in np.flatnonzero((act & (self.routed == 0)).numpy())]
+        if len(unused) >= int(act.sum()):
+            unused = unused[1:]                                                  # keep at least one expert
+        for e in unused:
+            layer.active_mask[e] = False
+        added = -1
+        free = np.flatnonzero(~layer.active_mask.cpu().numpy())
+        if self.unrouted_n > 0 and len(free):
+            added = int(free[0])
+            gate = layer.router
+            gate.weight[added] = (self.unrouted_sum / self.unrouted_n).to(gate.weight)   # w_new = mean unrouted x
+            gate.threshold[added] = 0.0
+            optimizer_copy_rows(optimizer, gate.weight, added, added, "zero")
+            optimizer_copy_rows(optimizer, gate.threshold, added, added, "zero")
+            for n, w in self.fresh.items():
+                p = getattr(layer.experts, n)
+                p[added] = w
+                optimizer_copy_rows(optimizer, p, added, added, "zero")
+            layer.active_mask[added] = True
+        self.events.append(dict(step=step, removed=len(unused), added=int(added >= 0), unrouted=self.unrouted_n,
+                                pool=int(layer.active_mask.sum())))
+        self._reset()
+        return dict(removed=unused, added=added)
+
+    def close(self):
+        self._hook.remove()
+
+
+class MiniLMClassifier(torch.nn.Module):
+    """all-MiniLM-L6-v2 body (HF BertModel), mean pooling over real tokens, linear head:
+    h = BERT(x) [B,S,d];  pooled = sum_s m_s h_s / sum_s m_s [B,d];  logits = W pooled + b [B,C]."""
+
+    def __init__(self, bert, n_labels: int):
+        super().__init__()
+        self.bert = bert
+        self.head = torch.nn.Linear(bert.config.hidden_size, n_labels)
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None):
+        h = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
+        m = attention_mask[..., None].to(h.dtype)
+        return self.head((h * m).sum(1) / m.sum(1).clamp_min(1.0))
+
+
+def _check_task(task: dict) -> None:
+    for split in ("train", "validation", "test"):
+        if not task.get(split):
+            raise ValueError(f"task split {split!r} is empty or missing")
+    if not task.get("labels"):
+        raise ValueError("task has no labels")
+
+
+def _build_glue_model(n_labels: int, method: str, cfg: GlueStandinConfig, seed: int):
+    """MiniLM + head with the FFN of layer ``cfg.layer`` sparse-upcycled (experts = copies of the FFN)."""
+    from moelab import assets
+    from moelab.core import moe_layers
+    from moelab.core.convert import moeify
+    from moelab.seed import seed_everything
+    seed_everything(seed)
+    st = assets.load_minilm()
+    bert, tok = st[0].auto_model, st.tokenizer
+    bert.train()
+    kw = dict(cosine=dict(num_experts=cfg.cosine_experts, top_k=cfg.cosine_top_k, router="cosine", renormalize=True),
+              dynmoe=dict(num_experts=cfg.max_experts, top_k=1, router="topany", num_active=cfg.init_experts),
+              mass=dict(num_experts=cfg.max_experts, top_k=1, router="top_p", top_p=cfg.top_p, renormalize=True,
+                        num_active=cfg.init_experts))[method]
+    moeify(bert, [cfg.layer], init="sparse", **kw)
+    model = MiniLMClassifier(bert, n_labels)
+    return model, tok, moe_layers(model)[0]
+
+
+def glue_standin(task: dict, method: str, seed: int, cfg: GlueStandinConfig, name: str = "task") -> dict:
+    """One run of the GLUE stand-in (MASS Sec. 4.4 / Fig. 4; notebook 04 section 7): MiniLM with one upcycled MoE
+    layer + mean pooling + linear head, fine-tuned with ``moelab.train.train`` on ``task['train']``; every
+    ``eval_every`` steps the validation accuracy is measured and the test metrics are taken at the best one (early
+    selection on validation).  ``method``: "cosine" (fixed pool, cosine router top-k), "dynmoe" (top-any gate +
+    :class:`DynMoEAdapter`), "mass" (top-p routing + :class:`MassLayerExpander`, redundancy loss while expanding).
+    Returns dict(row: task, method, seed, acc, chance, final_pool, pool_at_best, mean_active, best_step, steps,
+    n_test, expansions, removals, wall_s; correct [n_test] per-item test correctness; history; events)."""
+    import time
+
+    import torch.nn.functional as Fn
+    from torch.utils.data import DataLoader
+
+    from moelab import train as mtrain
+    if method not in GLUE_METHODS:
+        raise ValueError(f"method={method!r} not among {GLUE_METHODS}")
+    _check_task(task)
+    t0 = time.perf_counter()
+    model, tok, layer = _build_glue_model(len(task["labels"]), method, cfg, seed)
+
+    def encode(items):
+        enc = tok([x for x, _ in items], truncation=True, max_length=cfg.max_length, padding=True, return_tensors="pt")
+        return dict(enc), torch.tensor([y for _, y in items])
+
+    state = dict(batch=None)
+    mass_ex = dyn = None
+
+    def loss_fn(m, batch):
+        enc, y = batch
+        state["batch"] = batch
+        ce = Fn.cross_entropy(m(**enc), y)                               # L = CE(W pooled, y)
+        loss = ce + cfg.aux_weight * layer.aux_loss                       # + balancing loss
+        if mass_ex is not None:
+            loss = loss + mass_ex.redundancy_loss(state.get("step", 0))  # + L_red while expanding
+        state["step"] = state.get("step", 0) + 1
+        return loss, dict(ce=ce.detach(), pool=float(layer.active_mask.sum()))
+
+    @torch.no_grad()
+    def batch_nll(masked):                                               # MASS stopping test (eval mode: no dropout)
+        enc, y = state["batch"]
+        was = model.training
+        keep = layer.active_mask.clone()
+        model.eval()
+        try:
+            if masked is not None:
+                layer.active_mask[masked] = False
+            return float(Fn.cross_entropy(model(**enc), y))
+        finally:
+            layer.active_mask.copy_(keep)
+            model.train(was)
+
+    hooks = {}
+    if method == "mass":
+        mass_ex = MassLayerExpander(cfg.mass_config(layer.experts.w_in[0].numel()), layer, batch_nll)
+        hooks["after_backward"] = mass_ex.after_backward
+    elif method == "dynmoe":
+        dyn = DynMoEAdapter(layer, cfg.dyn_interval)
+        hooks["after_backward"] = dyn.after_backward
+
+    def predict(items):
+        """Per-item correctness and (active experts, real tokens) summed over the split."""
+        correct, n_act, n_tok = [], 0, 0
+        for s in range(0, len(items), 64):
+            enc, y = encode(items[s:s + 64])
+            pred = model(**enc).argmax(-1)
+            correct.append((pred == y).numpy())
+            real = enc["attention_mask"].reshape(-1).bool()
+            n_act += int((layer.last_route.indices[real] >= 0).sum())   # experts used per real token
+            n_tok += int(real.sum())
+        return np.concatenate(correct).astype(float), n_act / max(n_tok, 1)
+
+    best = dict(val=-1.0)
+
+    def eval_fn(m):
+        val, _ = predict(task["validation"])
+        if val.mean() >= best["val"]:                                      # early selection on validation
+            correct, active = predict(task["test"])
+            best.update(val=float(val.mean()), correct=correct, mean_active=active, step=state.get("step", 0),
+                        pool=int(layer.active_mask.sum()))
+        return dict(val_acc=float(val.mean()))
+
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    fresh = [p for n, p in named if n.startswith("head") or ".router." in n]
+    old = [p for n, p in named if not (n.startswith("head") or ".router." in n)]
+    g = torch.Generator().manual_seed(seed)
+    loader = DataLoader(list(task["train"]), batch_size=cfg.batch_size, shuffle=True, collate_fn=encode, generator=g,
+                        drop_last=len(task["train"]) > cfg.batch_size)
+    tcfg = mtrain.TrainConfig(lr=cfg.lr, steps=cfg.steps, seed=seed, eval_every=cfg.eval_every, warmup_frac=cfg.warmup_frac,
+                              decay="linear", device="cpu", progress=False, max_grad_norm=1.0, log_every=0,
+                              desc=f"{name}-{method}-s{seed}")
+    res = mtrain.train(model, loader, loss_fn=loss_fn, cfg=tcfg, eval_fn=eval_fn, hooks=hooks,
+                       param_groups=[dict(params=old, lr=cfg.lr), dict(params=fresh, lr=cfg.lr_new)])
+    if dyn is not None:
+        dyn.close()
+    ev = pd.DataFrame(mass_ex.pool.events if mass_ex is not None else (dyn.events if dyn is not None else []))
+    kinds = ev.kind if "kind" in ev else pd.Series(dtype=str)
+    row = dict(task=name, method=method, seed=seed, acc=float(best["correct"].mean()), chance=float(task["chance"]),
+               final_pool=int(layer.active_mask.sum()), pool_at_best=best["pool"], mean_active=best["mean_active"],
+               best_step=best["step"], steps=cfg.steps, n_test=len(task["test"]),
+               expansions=int((kinds == "expand").sum()) if method == "mass" else int(ev.get("added", pd.Series()).sum()),
+               removals=int((kinds == "remove").sum()) if method == "mass" else int(ev.get("removed", pd.Series()).sum()),
+               wall_s=time.perf_counter() - t0)
+    return dict(row=row, correct=best["correct"], history=res.history, events=ev)
+
+
+def run_glue_standin(tasks: dict, methods, seeds, cfg: GlueStandinConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """All runs of the GLUE stand-in (notebook 04 section 7).  ``tasks``: {name: task dict} from
+    ``moelab.suite.textcls.tasks``.  Returns (runs: one row per (task, method, seed), see :func:`glue_standin`;
+    items: task, method, seed, item, correct -- per-item test correctness for paired bootstraps)."""
+    methods, seeds = list(methods), list(seeds)
+    if not tasks or not methods or not seeds:
+        raise ValueError(f"need tasks, methods and seeds, got {len(tasks or {})} tasks, methods={methods}, seeds={seeds}")
+    bad = [m for m in methods if m not in GLUE_METHODS]
+    if bad:
+        raise ValueError(f"methods {bad} not among {GLUE_METHODS}")
+    rows, items = [], []
+    for name, task in tasks.items():
+        for method in methods:
+            for seed in seeds:
+                r = glue_standin(task, method, seed, cfg, name=name)
+                rows.append(r["row"])
+                items.append(pd.DataFrame(dict(task=name, method=method, seed=seed, item=np.arange(len(r["correct"])),
+                                               correct=r["correct"])))
+    return pd.DataFrame(rows), pd.concat(items, ignore_index=True)
+
+
+def glue_summary(runs: pd.DataFrame, items: pd.DataFrame, n_boot: int = 2000) -> pd.DataFrame:
+    """Per task and method: accuracy (mean over seeds) with a 95% bootstrap interval over test items of the
+    seed-averaged correctness, chance, final pool and active experts per token (mean and sd over seeds)."""
+    from moelab.stats import bootstrap_ci
+    if runs.empty or items.empty:
+        raise ValueError("empty runs or items table")
+    out = []
+    for (t, m), sub in items.groupby(["task", "method"], sort=False):
+        per_item = sub.pivot(index="item", columns="seed", values="correct").mean(1).to_numpy()
+        est, lo, hi = bootstrap_ci(per_item, n_boot=n_boot)
+        r = runs[(runs.task == t) & (runs.method == m)]
+        out.append(dict(task=t, method=m, acc=est, ci_low=lo, ci_high=hi, chance=r.chance.iloc[0], seeds=len(r),
+                        final_pool=r.final_pool.mean(), final_pool_sd=r.final_pool.std(ddof=0),
+                        mean_active=r.mean_active.mean(), mean_active_sd=r.mean_active.std(ddof=0)))
+    return pd.DataFrame(out)
+
+
+def plot_glue_standin(summary: pd.DataFrame):
+    """Fig. 4 stand-in: left accuracy per task and method with 95% intervals and the chance level; right final pool
+    size (bars) and mean active experts per token (dots) per task and method."""
+    import matplotlib.pyplot as plt
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    tasks, methods = list(dict.fromkeys(summary.task)), list(dict.fromkeys(summary.method))
+    w = 0.8 / len(methods)
+    for j, m in enumerate(methods):
+        s = summary[summary.method == m].set_index("task").reindex(tasks)
+        x = np.arange(len(tasks)) + (j - (len(methods) - 1) / 2) * w
+        a.bar(x, s.acc, w, yerr=[s.acc - s.ci_low, s.ci_high - s.acc], capsize=3, label=m)
+        b.bar(x, s.final_pool, w, alpha=0.5, label=f"{m}: pool")
+        b.scatter(x, s.mean_active, color="k", marker="o", s=14, zorder=5)
+    for i, t in enumerate(tasks):
+        ch = summary[summary.task == t].chance.iloc[0]
+        a.hlines(ch, i - 0.45, i + 0.45, colors="red", linestyles=":", label="chance" if i == 0 else None)
+    for ax in (a, b):
+        ax.set_xticks(range(len(tasks)), tasks)
+    a.set(ylabel="test accuracy", title="accuracy (95% bootstrap interval over items)")
+    b.set(ylabel="experts", title="final pool (bars), active experts per token (dots)")
+    a.legend(fontsize=7)
+    b.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

@@ -51,10 +51,13 @@ def output_dir(notebook: str, profile: str) -> Path:
 
 
 def git_commit() -> str:
+    """HEAD, with ``+dirty`` when tracked sources differ from it. Generated outputs (``figures/``, the README's
+    results table) do not count: a rerun over committed figures is otherwise always dirty."""
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
                              timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)figures", ":(exclude)README.md"], cwd=REPO_ROOT,
                                capture_output=True, text=True, timeout=10).stdout.strip()
         return (sha or "unknown") + ("+dirty" if dirty else "")
     except Exception:

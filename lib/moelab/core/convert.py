@@ -1,7 +1,8 @@
 """Dense -> MoE conversion of transformers models (upcycling; paper 002 notebook ``03_upcycling``, SBA/MoCE
 experiments on MiniLM and SmolLM2).
 
-Supported FFN sites: decoder layers with a LlamaMLP-style ``mlp`` (SmolLM2, Llama, Qwen2, Gemma) and BERT layers
+Supported FFN sites: decoder layers with a LlamaMLP-style ``mlp`` (SmolLM2, Llama, Qwen2, Gemma), layers with an
+``mlp.fc1``/``mlp.fc2`` MLP (transformers' ViT, the dense stand-in of notebook 03's vision experiment) and BERT layers
 (all-MiniLM-L6-v2: ``intermediate.dense`` -> act -> ``output.dense`` -> dropout -> LayerNorm(h + residual)). For
 BERT only the two linears' path becomes the MoE: ``intermediate`` turns into a pass-through and ``output.dense`` into
 the MoELayer, so ``output.LayerNorm`` and the residual stay as they were.
@@ -55,13 +56,15 @@ def ffn_sites(model: nn.Module) -> list[Site]:
     sites = []
     for name, m in model.named_modules():
         if hasattr(m, "mlp") and isinstance(m.mlp, nn.Module) and (
-                isinstance(m.mlp, MoELayer) or all(hasattr(m.mlp, a) for a in ("gate_proj", "up_proj", "down_proj"))):
+                isinstance(m.mlp, MoELayer) or all(hasattr(m.mlp, a) for a in ("gate_proj", "up_proj", "down_proj"))
+                or all(isinstance(getattr(m.mlp, a, None), nn.Linear) for a in ("fc1", "fc2"))):  # ViTMLP
             sites.append(Site(len(sites), name, m, "mlp"))
         elif (hasattr(m, "intermediate") and hasattr(m, "output") and hasattr(m.output, "dense")
               and hasattr(m.output, "LayerNorm")):
             sites.append(Site(len(sites), name, m, "bert"))
     if not sites:
-        raise ValueError(f"no supported FFN found in {type(model).__name__} (LlamaMLP-style mlp or BERT layers)")
+        raise ValueError(f"no supported FFN found in {type(model).__name__} "
+                         "(LlamaMLP-style mlp, mlp.fc1/fc2 as ViT, or BERT layers)")
     return sites
 
 

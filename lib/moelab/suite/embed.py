@@ -354,13 +354,26 @@ def random_encoder(dim: int = 384, seed: int = 0):
     return enc
 
 
-# Sizes of the committed validation (smaller than ``default``: measured on a shared, heavily loaded 2-core CPU).
-VALIDATION_SIZES = dict(sts=200, clus_subsets=3, clus_size=150, pairclass=200, retrieval=150)
+def validate(profiles_=("default", "full"), path=None):
+    """all-MiniLM-L6-v2 vs the bag-of-words and random baselines on ``benchmarks(p)`` for each profile ``p`` (the
+    very sets the notebooks evaluate on); writes ``data/embedding_validation.csv`` (profile, encoder, benchmark,
+    kind, metric, score, ci_low, ci_high, n, above_baselines)."""
+    import pandas as pd
+
+    if isinstance(profiles_, str):
+        profiles_ = (profiles_,)
+    df = pd.concat([_validate_one(p).assign(profile=p) for p in profiles_], ignore_index=True)
+    df = df[["profile"] + [c for c in df.columns if c != "profile"]]
+    if path is None:
+        from pathlib import Path
+
+        path = Path(__file__).resolve().parents[3] / "data" / "embedding_validation.csv"
+    if path:
+        df.to_csv(path, index=False, float_format="%.4f")
+    return df
 
 
-def validate(profile: str = "default", path=None, sizes: dict | None = VALIDATION_SIZES):
-    """all-MiniLM-L6-v2 vs the bag-of-words and random baselines on ``benchmarks(profile, sizes)``; writes
-    ``data/embedding_validation.csv`` (encoder, benchmark, metric, score, ci_low, ci_high, n, above_baselines)."""
+def _validate_one(profile: str, sizes: dict | None = None):
     import pandas as pd
 
     from moelab import assets
@@ -375,11 +388,4 @@ def validate(profile: str = "default", path=None, sizes: dict | None = VALIDATIO
     base_hi = df[df.encoder != "all-MiniLM-L6-v2"].groupby(key).ci_high.max().rename("baseline_ci_high")
     df = df.join(base_hi, on=key)
     df["above_baselines"] = (df.encoder == "all-MiniLM-L6-v2") & (df.ci_low > df.baseline_ci_high)
-    df = df[["encoder", "benchmark", "kind", "metric", "score", "ci_low", "ci_high", "n", "above_baselines"]]
-    if path is None:
-        from pathlib import Path
-
-        path = Path(__file__).resolve().parents[3] / "data" / "embedding_validation.csv"
-    if path:
-        df.to_csv(path, index=False, float_format="%.4f")
-    return df
+    return df[["encoder", "benchmark", "kind", "metric", "score", "ci_low", "ci_high", "n", "above_baselines"]]

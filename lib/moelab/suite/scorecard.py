@@ -9,8 +9,10 @@ pool): mean score, percentile-bootstrap 95% interval over items (``moelab.stats.
 - bits-per-byte tasks (``moelab_nll_*``): chance = 8 bits per byte (a uniform distribution over byte values);
   usable = CI upper end < chance.
 The table is committed as ``data/scorecard.csv`` (per-item scores in ``data/scorecard_items.csv``);
-``load()`` rebuilds it (about an hour of CPU) only if the file is absent. The committed table is partial
-(SmolLM2 only, 11 of 20 tasks; see data/README.md).
+``load()`` rebuilds it only if the file is absent. ``python -m moelab.suite.scorecard build [--model M]``
+measures one or both models resumably: each finished task's per-item scores go to
+``<cache>/scorecard/<model>.csv`` at once, a rerun skips tasks already measured at the current limit, and
+``python -m moelab.suite.scorecard write`` merges the per-model files into ``data/``.
 """
 from __future__ import annotations
 
@@ -23,11 +25,11 @@ CSV = DATA / "scorecard.csv"
 ITEMS_CSV = DATA / "scorecard_items.csv"
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
 BPB_CHANCE = 8.0
-# Items per task for the scorecard (CPU budget on a shared 2-core machine); first items of each fixed pool.
-# Measured here with load ~20 on 2 cores, a 135M model scores about one multiple-choice option per CPU-second,
-# so the committed scorecard uses small subsets (intervals are wide; "usable" is conservative).
-LIMITS = {"mc": 30, "moelab_bb_reasoning_about_colored_objects": 16, "moelab_bb_penguins_in_a_table": 16,
-          "moelab_gsm": 8, "moelab_humaneval": 12, "nll": 30}
+# Items per task for the scorecard (first items of each fixed pool), sized so that both models fit in about an
+# hour on this 2-core CPU: 100 items give a +-0.1 interval at accuracy 0.5; the 15-option colored-objects task and
+# the two generation tasks (greedy decoding of up to 160/256 tokens) get fewer; penguins has 89 items in all.
+LIMITS = {"mc": 100, "moelab_bb_reasoning_about_colored_objects": 60, "moelab_bb_penguins_in_a_table": 89,
+          "moelab_gsm": 40, "moelab_humaneval": 40, "nll": 100}
 
 
 def _limit(task: str) -> int:
@@ -47,7 +49,7 @@ def load_model(name: str):
     raise ValueError(f"unknown scorecard model {name!r}; known: {MODELS}")
 
 
-def per_item_scores(model, tok, tasks=None, batch_size: int = 8, on_task=None):
+def per_item_scores(model, tok, tasks=None, batch_size: int = 8, on_task=None, max_items: int | None = None):
     """Per-item scores on every task, one lm-eval call per task with its own fixed subset (``_limit``).
 
     ``on_task(task, df)`` is called after each task (e.g. to save partial results of a long run).
@@ -56,7 +58,7 @@ def per_item_scores(model, tok, tasks=None, batch_size: int = 8, on_task=None):
 
     out = []
     for t in list(tasks or lmeval.TASKS):
-        df = lmeval.evaluate(model, tok, [t], limit=_limit(t), batch_size=batch_size)
+        df = lmeval.evaluate(model, tok, [t], limit=_limit_n(t, max_items), batch_size=batch_size)
         out.append(df)
         if on_task is not None:
             on_task(t, df)
@@ -99,24 +101,69 @@ def summarize(items, model_name: str):
     return pd.DataFrame(rows)
 
 
-def build(models=MODELS, path: Path = CSV, items_path: Path = ITEMS_CSV):
-    """Compute the scorecard for ``models`` (CPU-heavy: run it niced) and write both CSV files."""
+def partial_path(model_name: str) -> Path:
+    """Per-item scores of one model, written task by task while ``build`` runs (in the moelab cache)."""
+    from moelab.cache import cache_root
+
+    return cache_root() / "scorecard" / f"{model_name}.csv"
+
+
+def build(models=MODELS, path: Path = CSV, items_path: Path = ITEMS_CSV, tasks=None, threads: int | None = None,
+          max_items: int | None = None):
+    """Measure ``models`` on ``tasks`` (default: all) resumably and write both CSV files (CPU-heavy).
+
+    Tasks already in ``partial_path(model)`` with at least ``_limit_n(task, max_items)`` items are not measured
+    again (``max_items`` caps every task's limit, for a model too slow for the full subsets).
+    """
     import pandas as pd
     import torch
 
-    tables, all_items = [], []
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        raise ValueError(f"unknown scorecard model(s) {unknown}; known: {MODELS}")
+    if threads:
+        torch.set_num_threads(threads)
     for name in models:
+        part = partial_path(name)
+        part.parent.mkdir(parents=True, exist_ok=True)
+        done = pd.read_csv(part) if part.exists() else pd.DataFrame(columns=["task", "item_id", "metric", "score"])
+        counts = done.groupby("task").item_id.nunique().to_dict() if len(done) else {}
+        todo = [t for t in (tasks or lmeval.TASKS) if counts.get(t, 0) < _limit_n(t, max_items)]
+        done = done[~done.task.isin(todo)]
+        if not todo:
+            continue
         model, tok = load_model(name)
+
+        def save(task, df, _name=name, _part=part):
+            nonlocal done
+            done = pd.concat([done, df], ignore_index=True)
+            done.to_csv(_part, index=False)
+            print(f"[scorecard] {_name} {task}: {df.item_id.nunique()} items", flush=True)
+
         with torch.no_grad():
-            items = per_item_scores(model, tok)
-        items.insert(0, "model", name)
-        all_items.append(items)
-        tables.append(summarize(items, name))
+            per_item_scores(model, tok, todo, on_task=save, max_items=max_items)
         del model
-    table = pd.concat(tables, ignore_index=True)
-    table.to_csv(path, index=False, float_format="%.4f")
-    pd.concat(all_items, ignore_index=True).to_csv(items_path, index=False)
-    return table
+    return merge(models, path, items_path)
+
+
+def _limit_n(task: str, max_items: int | None = None) -> int:
+    """Items a task actually yields at its limit (the pool may be smaller; ``max_items`` caps it)."""
+    return min(_limit(task), len(lmeval.task_docs(task[len("moelab_"):])), max_items or 10**9)
+
+
+def merge(models=MODELS, path: Path = CSV, items_path: Path = ITEMS_CSV):
+    """Write the scorecard from the per-model partial files of ``build`` (missing models are left out)."""
+    import pandas as pd
+
+    parts = []
+    for name in models:
+        if partial_path(name).exists():
+            df = pd.read_csv(partial_path(name))
+            df.insert(0, "model", name)
+            parts.append(df)
+    if not parts:
+        raise ValueError(f"no per-model scorecard files under {partial_path(models[0]).parent}; run build first")
+    return write(pd.concat(parts, ignore_index=True), path, items_path)
 
 
 def write(items, path: Path = CSV, items_path: Path = ITEMS_CSV):
@@ -149,3 +196,26 @@ def usable_tasks(model_name: str) -> list[str]:
     if model_name not in set(df.model):
         raise ValueError(f"model {model_name!r} is not in the scorecard (has {sorted(set(df.model))})")
     return sorted(df[(df.model == model_name) & df.usable.astype(bool)].task)
+
+
+def main(argv=None):
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m moelab.suite.scorecard", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="measure (resumable), then write data/scorecard*.csv")
+    b.add_argument("--model", choices=MODELS, action="append", help="default: both")
+    b.add_argument("--task", action="append", choices=lmeval.TASKS, help="default: all")
+    b.add_argument("--threads", type=int, default=None)
+    b.add_argument("--max-items", type=int, default=None, help="cap on every task's item count")
+    sub.add_parser("write", help="merge the per-model files into data/scorecard*.csv")
+    a = ap.parse_args(argv)
+    if a.cmd == "build":
+        table = build(tuple(a.model or MODELS), tasks=a.task, threads=a.threads, max_items=a.max_items)
+    else:
+        table = merge()
+    print(table.to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()
