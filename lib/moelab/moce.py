@@ -8,7 +8,8 @@ Two parts:
    M groups of N experts with a group-specific router each; the sequence's group id (its cluster) is set on the layer
    before the forward pass; an optional general group with its own router is added for every token (Eq. 6).
    Baselines (dense adapter, PESC, sequence-only, soft merging) are settings of the same layer, so that every variant
-   shares one code path and the parameter counts are comparable.
+   shares one code path and the parameter counts are comparable. BTX (A) (Table 1) trains one dense adapter per
+   domain and merges them as the experts of such a layer with a new router (:func:`train_btx`).
 
 Training helpers cache the frozen lower layers' hidden states (``moelab.cache.memo``) so only the adapted top layers run.
 """
@@ -418,8 +419,12 @@ def variant_spec(name: str, num_groups: int, experts_per_group: int, rank: int =
     - ``moce_top1`` / ``moce_soft``: Table 4 routing strategy.
     - ``seq_only``: Table 4 "w/o token routing": M groups of one expert each with rank N*rank (same parameters).
     - ``domain``: one PESC pool (M*N experts) trained on one domain only (the Specialized-* rows).
+    - ``btx``: BTX (A) (Sukhbaatar et al. 2024, as MoCE §4.1 "Baselines" uses it): one expert per source domain
+      (:data:`BTX_DOMAINS`), each a dense adapter of width M*N*rank // |D| (same adapter budget, rounded down),
+      token top-k over them with a new router; trained by :func:`train_btx`.
     """
     M, N = num_groups, experts_per_group
+    n_dom = len(BTX_DOMAINS)
     presets = {
         "dense": dict(num_groups=1, experts_per_group=1, top_k=1, rank=M * N * rank, balance_coef=0.0),
         "pesc": dict(num_groups=1, experts_per_group=M * N, top_k=top_k),
@@ -432,6 +437,7 @@ def variant_spec(name: str, num_groups: int, experts_per_group: int, rank: int =
                           uses_clusters=True),
         "seq_only": dict(num_groups=M, experts_per_group=1, top_k=1, rank=N * rank, balance_coef=0.0,
                          uses_clusters=True),
+        "btx": dict(num_groups=1, experts_per_group=n_dom, top_k=min(top_k, n_dom), rank=max(1, M * N * rank // n_dom)),
     }
     if name not in presets:
         raise ValueError(f"unknown variant {name!r}; known: {sorted(presets)}")
@@ -862,17 +868,21 @@ class VariantResult:
     params: dict
     wall_s: float
     steps: int
+    branches: dict | None = None  # BTX: per-domain branch runs (steps, wall_s, params, val_loss_last)
 
 
 def train_variant(model, spec: MoCESpec, train_ex: list[dict], val_ex: list[dict], *, layers: Sequence[int],
                   steps: int, batch_size: int = 8, lr: float = 2e-4, seed: int = 0, eval_every: int = 10,
-                  max_rounds: int = 1, warmup_frac: float = 0.05) -> VariantResult:
+                  max_rounds: int = 1, warmup_frac: float = 0.05, init_state: dict | None = None,
+                  train_experts: bool = True) -> VariantResult:
     """Install ``spec`` in ``layers``, train only the adapters/routers with ``moelab.train.train`` (AdamW, lr 2e-4 as
     App. A) on cached hidden states, evaluating the validation loss every ``eval_every`` steps.
 
     If the validation loss has not flattened (``moelab.train.flattened``: < 2 % fall over the last 20 % of the
     evaluations) another round of ``steps`` continues from the trained weights (fresh optimiser), up to
-    ``max_rounds``. Returns a :class:`VariantResult` (the model keeps the trained layers installed).
+    ``max_rounds``. ``init_state`` (a :func:`trainable_state`-style dict) overwrites the fresh layers' weights before
+    training (BTX's merged experts); ``train_experts=False`` freezes the adapters so only the routers train.
+    Returns a :class:`VariantResult` (the model keeps the trained layers installed).
     """
     import pandas as pd
     from torch.utils.data import DataLoader
@@ -888,6 +898,12 @@ def train_variant(model, spec: MoCESpec, train_ex: list[dict], val_ex: list[dict
             raise ValueError(f"expert group(s) {missing} have no training sequence (empty cluster); "
                              f"choose fewer clusters than {spec.num_groups}")
     install(model, spec, layers, seed=seed)
+    if init_state is not None:
+        _load_state(model, init_state, spec.name)
+    if not train_experts:
+        for m in moce_layers(model):
+            for p in m.experts.parameters():
+                p.requires_grad_(False)
     stack = TopStack(model, min(layers))
     params = count_parameters(model)
     loss_fn = make_loss_fn(spec)
@@ -923,11 +939,98 @@ def train_variant(model, spec: MoCESpec, train_ex: list[dict], val_ex: list[dict
 def load_variant(model, result: VariantResult, layers: Sequence[int]) -> None:
     """Install a trained variant's layers and weights into ``model`` (e.g. from a cached :class:`VariantResult`)."""
     install(model, result.spec, layers, seed=result.seed)
-    missing = model.load_state_dict(result.state, strict=False)
-    bad = [k for k in result.state if k in missing.unexpected_keys]
-    if bad:
-        raise ValueError(f"state of variant {result.spec.name!r} does not fit the model: {bad[:3]}")
+    _load_state(model, result.state, result.spec.name)
     model.eval()
+
+
+def _load_state(model, state: dict, name: str) -> None:
+    own = dict(model.named_parameters())
+    bad = [k for k, v in state.items() if k not in own or own[k].shape != v.shape]
+    if bad:
+        raise ValueError(f"state of variant {name!r} does not fit the model: {bad[:3]}")
+    model.load_state_dict(state, strict=False)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 3b. BTX (A) baseline: Branch-Train-miX with adapter experts (MoCE §4.1 "Baselines", Table 1; Sukhbaatar et al. 2024)
+# ----------------------------------------------------------------------------------------------------------------------
+
+BTX_DOMAINS = ("maths", "code", "reasoning")  # the suite's instruction-mix domains (moelab.suite.instruct)
+
+
+def btx_branch_spec(spec: MoCESpec) -> MoCESpec:
+    """The *branch* model of BTX (A): one dense adapter of the merged experts' width (LLaMA (A) on one domain)."""
+    return MoCESpec(name=f"{spec.name}_branch", num_groups=1, experts_per_group=1, top_k=1, rank=spec.rank,
+                    scale=spec.scale, balance_coef=0.0)
+
+
+def btx_domain_splits(examples: list[dict], domains: Sequence[str] = BTX_DOMAINS) -> dict[str, list[dict]]:
+    """The per-domain training splits of the branch stage; unknown domain or an empty split -> ``ValueError``."""
+    domains = list(domains)
+    if len(domains) < 2 or len(set(domains)) != len(domains):
+        raise ValueError(f"BTX needs >= 2 distinct domains, got {domains!r}")
+    present = sorted({str(e.get("domain")) for e in examples})
+    out = {}
+    for d in domains:
+        out[d] = [e for e in examples if e.get("domain") == d]
+        if d not in BTX_DOMAINS and not out[d]:
+            raise ValueError(f"unknown BTX domain {d!r}: expected one of {list(BTX_DOMAINS)} (examples have {present})")
+        if not out[d]:
+            raise ValueError(f"BTX domain {d!r} has an empty training split (examples have domains {present})")
+    return out
+
+
+def btx_merge_states(branch_states: Sequence[dict]) -> dict:
+    """Branch (dense-adapter) states -> the merged layer's expert weights: expert d of each layer = branch d's adapter.
+
+    Each branch state holds ``...mlp.experts.w_down [1, r, d]`` / ``w_up [1, d, r]`` per adapted layer; the merged
+    state stacks them on the expert axis, ``[|D|, r, d]`` / ``[|D|, d, r]`` (BTX §2 "MiX": the branches' FFNs become
+    the experts; the router is new and is not in the returned dict).
+    """
+    if len(branch_states) < 2:
+        raise ValueError(f"btx_merge_states needs >= 2 branch states, got {len(branch_states)}")
+    keys = sorted(branch_states[0])
+    for i, st in enumerate(branch_states):
+        if sorted(st) != keys:
+            raise ValueError(f"branch {i} has parameters {sorted(st)[:3]}..., branch 0 has {keys[:3]}...")
+        bad = [k for k in keys if not k.endswith(("experts.w_down", "experts.w_up")) or st[k].shape[0] != 1]
+        if bad:
+            raise ValueError(f"branch {i} is not a single dense adapter per layer: {bad[:3]}")
+    return {k: torch.cat([st[k] for st in branch_states], 0) for k in keys}   # [|D|, ...] expert axis outer
+
+
+def train_btx(model, spec: MoCESpec, train_ex: list[dict], val_ex: list[dict], *, layers: Sequence[int], steps: int,
+              batch_size: int = 8, lr: float = 2e-4, seed: int = 0, eval_every: int = 10, max_rounds: int = 1,
+              domains: Sequence[str] = BTX_DOMAINS, train_experts: bool = True) -> VariantResult:
+    """BTX (A), the baseline of MoCE Table 1 (§4.1; Branch-Train-miX, Sukhbaatar et al. 2024, §2 with adapters).
+
+    1. *Branch-train*: for each domain d, a dense adapter of width ``spec.rank`` (:func:`btx_branch_spec`) is trained
+       on that domain's sequences only, ``steps`` steps each (the Specialized-* runs' budget).
+    2. *MiX*: the |D| adapters become the experts of one adapter-MoE layer per adapted block (:func:`btx_merge_states`),
+       y = E(x) + Σ_{d∈TopK(R(x), k)} w_d Δ_d(E(x)) with a new token router R [|D|, d_model] (PESC softmax over the
+       top-k, Switch balancing loss ``spec.balance_coef``); router and experts (``train_experts``) are then trained on
+       the whole mix for ``steps`` steps, as every other variant.
+    Returns the mix stage's :class:`VariantResult` (``params``: trainable in the mix stage) with ``branches`` holding
+    each branch's steps, wall time, trainable parameters and last validation loss; ``wall_s`` includes the branches.
+    """
+    if spec.num_groups != 1 or spec.experts_per_group != len(domains):
+        raise ValueError(f"BTX spec must have one group of {len(domains)} experts (one per domain {list(domains)}), "
+                         f"got M={spec.num_groups}, N={spec.experts_per_group}")
+    splits = btx_domain_splits(train_ex, domains)
+    kw = dict(layers=layers, steps=steps, batch_size=batch_size, lr=lr, seed=seed, eval_every=eval_every,
+              max_rounds=max_rounds)
+    branch, states, info = btx_branch_spec(spec), [], {}
+    for d in domains:
+        r = train_variant(model, branch, splits[d], val_ex, **kw)
+        states.append(r.state)
+        info[d] = {"steps": r.steps, "wall_s": r.wall_s, "n_train": len(splits[d]), **r.params,
+                   "val_loss_last": float(r.eval_history.val_loss.iloc[-1])}
+        uninstall(model)
+    res = train_variant(model, spec, train_ex, val_ex, init_state=btx_merge_states(states),
+                        train_experts=train_experts, **kw)
+    res.branches = info
+    res.wall_s += sum(v["wall_s"] for v in info.values())
+    return res
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -1140,10 +1243,13 @@ def curves_table(results: list[VariantResult]):
 
 
 def criterion_table(results: list[VariantResult], n_layers: int, d_model: int):
-    """Per variant and seed: steps, wall time, flattened criterion, parameter counts."""
+    """Per variant and seed: steps, wall time, flattened criterion, parameter counts (BTX: ``branch_steps`` = the
+    branch stage's steps summed over domains; ``wall_s`` includes them)."""
     import pandas as pd
 
-    return pd.DataFrame([{"variant": r.spec.name, "seed": r.seed, "steps": r.steps, "wall_s": round(r.wall_s, 1),
+    return pd.DataFrame([{"variant": r.spec.name, "seed": r.seed, "steps": r.steps,
+                          "branch_steps": sum(b["steps"] for b in (getattr(r, "branches", None) or {}).values()),
+                          "wall_s": round(r.wall_s, 1),
                           "val_loss_first": float(r.eval_history.val_loss.iloc[0]),
                           "val_loss_last": float(r.eval_history.val_loss.iloc[-1]),
                           "rel_fall_last20pct": r.rel_fall, "flattened": r.flat,
@@ -1186,6 +1292,50 @@ def plot_table1(summary, metric_label: str = "score"):
         ax.set_xticks(x, variants, rotation=45, ha="right")
         ax.set_title(t, fontsize=9)
     axes[0][0].set_ylabel(metric_label)
+    fig.tight_layout()
+    return fig
+
+
+def k_sweep_labels(runs: list[dict], N: int) -> dict[int, str]:
+    """Fig. 4's runs: ``{k clusters: run label}`` for the MoCE runs that differ only in k (N experts per group,
+    top-2): the main ``moce`` run at the elbow and the ``moce_k{k}`` extras (``k_offset``)."""
+    out = {}
+    for r in runs:
+        if r["variant"] == "moce" and r["N"] == N and r["top_k"] == 2 and not r.get("domain"):
+            out.setdefault(int(r["k_clusters"]), r["label"])
+    return dict(sorted(out.items()))
+
+
+def k_sweep_table(scores, k_labels: dict[int, str], elbow_k: int, seeds: Sequence[int] | None = None):
+    """Fig. 4 as a table: per cluster count k, mean answer bits per byte over the held-out items (seeds averaged per
+    item) with a 95% bootstrap CI; ``elbow`` marks the elbow k. Columns: k, label, elbow, n_items, mean, ci_low, ci_high."""
+    import pandas as pd
+
+    from moelab.stats import bootstrap_ci
+
+    if elbow_k not in k_labels:
+        raise ValueError(f"elbow k={elbow_k} is not among the swept cluster counts {sorted(k_labels)}")
+    rows = []
+    for k, lab in sorted(k_labels.items()):
+        per_item = paired_scores(scores, lab, "nll_", "bpb", seeds).mean(0)   # [items]
+        est, lo, hi = bootstrap_ci(per_item, n_boot=1000, seed=0)
+        rows.append({"k": k, "label": lab, "elbow": k == elbow_k, "n_items": len(per_item), "mean": est,
+                     "ci_low": lo, "ci_high": hi})
+    return pd.DataFrame(rows)
+
+
+def plot_k_sweep(table):
+    """Fig. 4: held-out answer bits per byte vs the number of clusters (= expert groups), elbow k marked."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4.6, 3.4))
+    ax.errorbar(table.k, table["mean"], yerr=[table["mean"] - table.ci_low, table.ci_high - table["mean"]], fmt="o-",
+                capsize=3, color="C0")
+    kn = int(table.k[table.elbow].iloc[0])
+    ax.axvline(kn, color="C3", ls="--", label=f"elbow k={kn}")
+    ax.set(xlabel="number of clusters k (= expert groups)", ylabel="answer bits per byte (lower is better)",
+           xticks=list(table.k))
+    ax.legend()
     fig.tight_layout()
     return fig
 
@@ -1298,7 +1448,7 @@ def plan_runs(cfg: dict, k: int) -> list[dict]:
                              k_clusters=k, seed=seed))
         for ex in cfg.get("extra", []):
             ex = dict(ex)
-            kc = max(2, k + int(ex.pop("k_offset", 0)))  # cluster counts around the elbow (Fig. 4)
+            kc = max(1, k + int(ex.pop("k_offset", 0)))  # cluster counts around the elbow (Fig. 4); k=1: one group
             r = dict(variant="moce", M=kc, N=cfg["experts_per_group"], top_k=2, domain=None, k_clusters=kc, seed=seed)
             r.update(ex)
             r["label"] = r["label"].format(k=kc)
@@ -1325,9 +1475,9 @@ def train_runs(model, runs: list[dict], train_ex: list[dict], val_ex: list[dict]
                "groups": hashlib.sha1(np.asarray(g_tr).tobytes() + np.asarray(g_va).tobytes()).hexdigest()}
 
         def compute(spec=spec, tr=tr, va=va, r=r):
-            res = train_variant(model, spec, tr, va, layers=layers, steps=cfg["steps"], batch_size=cfg["batch"],
-                                lr=cfg["lr"], seed=r["seed"], eval_every=cfg["eval_every"],
-                                max_rounds=cfg["max_rounds"])
+            fit = train_btx if r["variant"] == "btx" else train_variant  # BTX: branch stage, then the same mix run
+            res = fit(model, spec, tr, va, layers=layers, steps=cfg["steps"], batch_size=cfg["batch"],
+                      lr=cfg["lr"], seed=r["seed"], eval_every=cfg["eval_every"], max_rounds=cfg["max_rounds"])
             uninstall(model)
             return res
 
