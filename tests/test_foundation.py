@@ -187,6 +187,16 @@ def test_equivalence_bestof_and_errors():
     sc = {"1%": rng.normal(0.5, .05, 100), "5%": rng.normal(0.6, .05, 100), "3%": rng.normal(0.55, .05, 100)}
     assert cs.best_of("5% best", "5%", "5%", sc)["verdict"] == "reproduced"
     assert cs.best_of("1% best", "1%", "1%", sc)["verdict"] == "contradicted"
+    # a tie is not a win: best point estimate with an interval that overlaps the runner-up is inconclusive
+    tie = {"a": sc["5%"] + 0.002, "b": sc["5%"], "c": sc["1%"]}
+    assert cs.best_of("a best", "a", "a", tie)["verdict"] == "reproduced"   # paired: a - b = 0.002 on every item
+    noisy = {"a": sc["5%"], "b": sc["5%"][::-1].copy(), "c": sc["1%"]}
+    assert cs.best_of("a best", "a", "a", noisy)["verdict"] == "inconclusive"
+    assert cs.best_of("1% lowest", "1%", "1%", sc, higher_is_better=False)["verdict"] == "reproduced"
+    # unpaired (different lengths): non-overlapping intervals
+    assert cs.best_of("5% best", "5%", "5%", {"5%": sc["5%"], "1%": sc["1%"][:60]})["verdict"] == "reproduced"
+    with pytest.raises(ValueError, match="two options"):
+        cs.best_of("alone", "x", "x", {"x": sc["5%"]})
     assert cs.not_testable("needs Llama-2", "x", "no weights here")["verdict"] == "not testable"
     with pytest.raises(ValueError, match="non-finite"):
         cs.effect("nan", "", np.array([1.0, np.nan]), np.array([1.0, 2.0]))

@@ -71,19 +71,40 @@ class ClaimSet:
                          detail=(detail + f" [target {target:g} ± {tol:g}]").strip())
 
     def best_of(self, claim, paper, paper_choice, scores: dict, higher_is_better: bool = True, detail: str = ""):
-        """The paper's option is best: ours is best, or its CI overlaps the best option's CI."""
+        """The paper's option is best among ``scores`` (option -> per-item scores).
+
+        Paired scores (every option the same shape): the paired-bootstrap interval of (paper's option - other) for
+        each other option; *reproduced* when every interval excludes zero in the paper's favour, *contradicted* when
+        some option is significantly better, else *inconclusive* (a tie is not a win). Unpaired scores: the same
+        rule on non-overlapping percentile intervals of the means.
+        """
         if paper_choice not in scores:
             raise ValueError(f"paper's choice {paper_choice!r} is not among the options {list(scores)}")
+        if len(scores) < 2:
+            raise ValueError(f"best_of needs at least two options, got {list(scores)}")
         cis = {k: bootstrap_ci(v, seed=self.seed) for k, v in scores.items()}
         sgn = 1 if higher_is_better else -1
-        best = max(cis, key=lambda k: sgn * cis[k][0])
+        others = [k for k in scores if k != paper_choice]
+        paired = len({np.shape(v) for v in scores.values()}) == 1
+        if paired:
+            diffs = {k: paired_bootstrap(sgn * np.asarray(scores[paper_choice], float), sgn * np.asarray(scores[k], float),
+                                         seed=self.seed) for k in others}
+            win = all(d[1] > 0 for d in diffs.values())
+            lose = any(d[2] < 0 for d in diffs.values())
+            rule = "; ".join(f"{paper_choice} - {k}: {sgn * d[0]:+.4g} [{sgn * (d[1] if sgn > 0 else d[2]):+.4g}, "
+                             f"{sgn * (d[2] if sgn > 0 else d[1]):+.4g}]" for k, d in diffs.items())
+        else:
+            lo_c, hi_c = sorted((sgn * cis[paper_choice][1], sgn * cis[paper_choice][2]))
+            bounds = {k: sorted((sgn * cis[k][1], sgn * cis[k][2])) for k in others}
+            win = all(lo_c > b[1] for b in bounds.values())
+            lose = any(b[0] > hi_c for b in bounds.values())
+            rule = "unpaired: non-overlapping intervals"
+        verdict = "contradicted" if lose else "reproduced" if win else "inconclusive"
         pe, plo, phi = cis[paper_choice]
-        be, blo, bhi = cis[best]
-        overlap = plo <= bhi and blo <= phi
-        verdict = "reproduced" if (best == paper_choice or overlap) else "contradicted"
+        best = max(cis, key=lambda k: sgn * cis[k][0])
         table = ", ".join(f"{k}: {v[0]:.4g} [{v[1]:.4g}, {v[2]:.4g}]" for k, v in cis.items())
         return self._add(claim=claim, kind="best_of", paper=paper, ours=pe, ci_low=plo, ci_high=phi, verdict=verdict,
-                         detail=(detail + f" [our best: {best}; {table}]").strip())
+                         detail=(detail + f" [our best: {best}; {table}; {rule}]").strip())
 
     def shape(self, claim, paper, criterion: str, value: float, passed: bool, detail: str = ""):
         """A stated quantitative criterion over time; ``passed`` computed by the caller from ``value``."""
