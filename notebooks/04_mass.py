@@ -197,9 +197,8 @@ print(f"{(mres['events'].kind == 'fire').sum()} change points fired; "
 # added for unrouted tokens, gate row = their mean), **mass** (top-p with p = 0.5, 4 of 9 slots at start; change-point
 # + semantic test in the first 10% of steps, warm-up/window from `mass_settings`, δ scaled to the 1536×384 W1,
 # gradient decomposition in the trainer's `after_backward` hook, NLL veto with patience 3). The `full` size (2 tasks ×
-# 3 methods × 3 seeds × 100 steps): one training step (batch 16, ≤64 tokens) took 0.5–2.3 s on the shared, loaded CPU
-# (short intent texts vs long epistemic pairs), so this part takes roughly 25–40 minutes there; `wall_s` in the runs
-# table records the real cost.
+# 3 methods × 3 seeds × 100 steps, batch 16, ≤64 tokens) is the largest that fits this CPU; `wall_s` in the runs
+# table records each run's cost (printed below).
 
 # %%
 if cfg["glue"] is None:
@@ -220,6 +219,8 @@ else:
     run.savefig(fig, "fig4", "glue_standin", caption="MiniLM MoE on text classification: accuracy, pool, active experts")
     display(glue)
     avg = glue.groupby("method")[["acc", "final_pool", "mean_active"]].mean()
+    print(f"{len(glue_runs)} fine-tuning runs, {glue_runs.wall_s.sum() / 60:.0f} min of training and evaluation in all "
+          f"(when they were computed; a rerun reads them from the cache).")
     print("Average over tasks: " + "; ".join(f"{m}: accuracy {r.acc:.3f}, final pool {r.final_pool:.1f}, "
                                              f"{r.mean_active:.2f} active experts per token" for m, r in avg.iterrows())
           + f". Chance: {', '.join(f'{t} {c:.2f}' for t, c in glue.groupby('task').chance.first().items())}.")
