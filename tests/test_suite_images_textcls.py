@@ -58,3 +58,22 @@ def test_committed_textcls_validation():
     m = df[df.measured.astype(bool)]
     assert ((m.ci_low > m.chance) == m.usable.astype(bool)).all()
     assert set(textcls.usable()) == set(m[m.usable.astype(bool)].task) and textcls.usable()
+
+
+def test_textcls_validate_keeps_other_rows(tmp_path, monkeypatch):
+    """validate(names) measures only ``names`` and keeps the other candidates' committed rows."""
+    import numpy as np
+    import pandas as pd
+
+    from moelab.suite import textcls
+
+    fake = dict(train=[("a", 0)] * 30, validation=[], test=[("b", 1)] * 20, labels=["x", "y"], chance=0.5)
+    monkeypatch.setattr(textcls, "_task_splits", lambda t: fake)
+    monkeypatch.setattr(textcls, "finetune_eval", lambda s: np.ones(20))
+    path = tmp_path / "v.csv"
+    pd.DataFrame([dict(task="intent_recognition", acc=0.9, usable=True, measured=True),
+                  dict(task="metaphor_boolean", acc=0.6, usable=False, measured=True)]).to_csv(path, index=False)
+    df = textcls.validate(["metaphor_boolean"], path)
+    assert list(df.task) == ["intent_recognition", "metaphor_boolean"]
+    assert df.set_index("task").acc.to_dict() == {"intent_recognition": 0.9, "metaphor_boolean": 1.0}
+    assert bool(df.set_index("task").usable["metaphor_boolean"])

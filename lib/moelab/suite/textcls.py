@@ -112,7 +112,8 @@ def finetune_eval(task: dict, ft: dict = FT):
 
 
 def validate(names=CANDIDATES, path: Path | None = CSV):
-    """Measure every candidate (fine-tune + test accuracy with bootstrap CI) and write the CSV."""
+    """Measure the candidates ``names`` (fine-tune + test accuracy with bootstrap CI) and write the CSV; rows of
+    other tasks already in the CSV are kept (so candidates can be measured one at a time)."""
     import pandas as pd
 
     from moelab.stats import bootstrap_ci
@@ -124,9 +125,14 @@ def validate(names=CANDIDATES, path: Path | None = CSV):
         est, lo, hi = bootstrap_ci(correct, n_boot=2000, seed=0)
         rows.append(dict(task=t, n_labels=len(s["labels"]), n_train=len(s["train"]),
                          n_train_used=min(len(s["train"]), FT["train_examples"]), n_test=len(s["test"]), acc=est,
-                         ci_low=lo, ci_high=hi, chance=s["chance"], usable=bool(lo > s["chance"])))
+                         ci_low=lo, ci_high=hi, chance=s["chance"], usable=bool(lo > s["chance"]), measured=True))
         print(rows[-1], flush=True)
     df = pd.DataFrame(rows)
+    if path and Path(path).exists():
+        old = pd.read_csv(path)
+        df = pd.concat([old[~old.task.isin(df.task)], df], ignore_index=True)
+        df = df.set_index("task").loc[[t for t in CANDIDATES if t in set(df.task)]
+                                      + [t for t in df.task if t not in CANDIDATES]].reset_index()
     if path:
         df.to_csv(path, index=False, float_format="%.4f")
     return df
