@@ -23,6 +23,16 @@ from moelab.stats import bootstrap_ci, paired_bootstrap
 VERDICTS = ("reproduced", "contradicted", "inconclusive", "not testable")
 
 
+def _direction_verdict(lo: float, hi: float, higher_is_better: bool) -> str:
+    """Verdict of a difference (paper's side - other) from its interval: excludes 0 in the paper's favour ->
+    reproduced, against it -> contradicted, else inconclusive."""
+    if (lo > 0) if higher_is_better else (hi < 0):
+        return "reproduced"
+    if (hi < 0) if higher_is_better else (lo > 0):
+        return "contradicted"
+    return "inconclusive"
+
+
 class ClaimSet:
     """An ordered list of checked claims, saved as ``claims.json`` by :meth:`moelab.nbrun.NotebookRun.finish`."""
 
@@ -44,13 +54,7 @@ class ClaimSet:
     def effect(self, claim, paper, a, b, higher_is_better: bool = True, n_boot: int = 2000, detail: str = ""):
         """A beats B (paired scores [items] or [seeds, items]); ours = mean(A - B) with its 95% CI."""
         est, lo, hi = paired_bootstrap(a, b, n_boot=n_boot, seed=self.seed)
-        sign = 1 if higher_is_better else -1
-        if (sign > 0 and lo > 0) or (sign < 0 and hi < 0):
-            verdict = "reproduced"
-        elif (sign > 0 and hi < 0) or (sign < 0 and lo > 0):
-            verdict = "contradicted"
-        else:
-            verdict = "inconclusive"
+        verdict = _direction_verdict(lo, hi, higher_is_better)
         shape = np.shape(a)
         return self._add(claim=claim, kind="effect", paper=paper, ours=est, ci_low=lo, ci_high=hi, verdict=verdict,
                          detail=(detail + f" [paired bootstrap, scores shape {shape}, "
@@ -87,17 +91,15 @@ class ClaimSet:
         others = [k for k in scores if k != paper_choice]
         paired = len({np.shape(v) for v in scores.values()}) == 1
         if paired:
-            diffs = {k: paired_bootstrap(sgn * np.asarray(scores[paper_choice], float), sgn * np.asarray(scores[k], float),
-                                         seed=self.seed) for k in others}
-            win = all(d[1] > 0 for d in diffs.values())
-            lose = any(d[2] < 0 for d in diffs.values())
-            rule = "; ".join(f"{paper_choice} - {k}: {sgn * d[0]:+.4g} [{sgn * (d[1] if sgn > 0 else d[2]):+.4g}, "
-                             f"{sgn * (d[2] if sgn > 0 else d[1]):+.4g}]" for k, d in diffs.items())
-        else:
-            lo_c, hi_c = sorted((sgn * cis[paper_choice][1], sgn * cis[paper_choice][2]))
-            bounds = {k: sorted((sgn * cis[k][1], sgn * cis[k][2])) for k in others}
-            win = all(lo_c > b[1] for b in bounds.values())
-            lose = any(b[0] > hi_c for b in bounds.values())
+            diffs = {k: paired_bootstrap(scores[paper_choice], scores[k], seed=self.seed) for k in others}   # a - b
+            verdicts = [_direction_verdict(lo, hi, higher_is_better) for _, lo, hi in diffs.values()]
+            win, lose = all(v == "reproduced" for v in verdicts), "contradicted" in verdicts
+            rule = "; ".join(f"{paper_choice} - {k}: {d[0]:+.4g} [{d[1]:+.4g}, {d[2]:+.4g}]" for k, d in diffs.items())
+        else:   # unpaired: the paper's option's interval against each other option's (non-overlap decides)
+            c = cis[paper_choice]
+            ahead = [(c[1] > cis[k][2]) if higher_is_better else (c[2] < cis[k][1]) for k in others]
+            behind = [(cis[k][1] > c[2]) if higher_is_better else (cis[k][2] < c[1]) for k in others]
+            win, lose = all(ahead), any(behind)
             rule = "unpaired: non-overlapping intervals"
         verdict = "contradicted" if lose else "reproduced" if win else "inconclusive"
         pe, plo, phi = cis[paper_choice]

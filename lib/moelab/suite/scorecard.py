@@ -143,7 +143,7 @@ def build(models=MODELS, path: Path = CSV, items_path: Path = ITEMS_CSV, tasks=N
         with torch.no_grad():
             per_item_scores(model, tok, todo, on_task=save, max_items=max_items)
         del model
-    return merge(models, path, items_path)
+    return merge(path=path, items_path=items_path)
 
 
 def _limit_n(task: str, max_items: int | None = None) -> int:
@@ -152,18 +152,21 @@ def _limit_n(task: str, max_items: int | None = None) -> int:
 
 
 def merge(models=MODELS, path: Path = CSV, items_path: Path = ITEMS_CSV):
-    """Write the scorecard from the per-model partial files of ``build`` (missing models are left out)."""
+    """Write the scorecard from the per-model partial files of ``build``; a model without a partial file keeps its
+    rows from the existing ``items_path`` (e.g. the committed scores on a machine that did not measure it)."""
     import pandas as pd
 
+    old = pd.read_csv(items_path) if Path(items_path).exists() else None
     parts = []
     for name in models:
         if partial_path(name).exists():
-            df = pd.read_csv(partial_path(name))
-            df.insert(0, "model", name)
-            parts.append(df)
+            parts.append(pd.read_csv(partial_path(name)).assign(model=name))
+        elif old is not None and name in set(old.model):
+            parts.append(old[old.model == name])
     if not parts:
         raise ValueError(f"no per-model scorecard files under {partial_path(models[0]).parent}; run build first")
-    return write(pd.concat(parts, ignore_index=True), path, items_path)
+    items = pd.concat(parts, ignore_index=True)
+    return write(items[["model"] + [c for c in items.columns if c != "model"]], path, items_path)
 
 
 def write(items, path: Path = CSV, items_path: Path = ITEMS_CSV):
