@@ -23,6 +23,21 @@ def tiny_llama(layers=3, seed=0):
     return LlamaForCausalLM(cfg).eval()
 
 
+def tiny_gemma3(layers=4, seed=0):
+    """Gemma-3 layout: alternating sliding-window (window 3) and global blocks, two rotary bases."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(seed)
+    types = ["sliding_attention", "full_attention"] * (layers // 2) + ["sliding_attention"] * (layers % 2)
+    cfg = Gemma3TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=3,
+                           layer_types=types, max_position_embeddings=128, pad_token_id=0)
+    return Gemma3ForCausalLM(cfg).eval()
+
+
+TINY_LMS = {"llama": tiny_llama, "gemma3": tiny_gemma3}
+
+
 def blobs(n_per=30, k=3, dim=8, seed=0):
     rng = np.random.default_rng(seed)
     centers = rng.normal(size=(k, dim)) * 5
@@ -218,8 +233,9 @@ class CharTok:
         return {"input_ids": [2 + (ord(c) % 60) for c in text]}
 
 
-def test_top_stack_on_cached_states_equals_full_model():
-    model = tiny_llama(layers=4)
+@pytest.mark.parametrize("family", sorted(TINY_LMS))
+def test_top_stack_on_cached_states_equals_full_model(family):
+    model = TINY_LMS[family](layers=4)
     tok = CharTok()
     items = [{"instruction": "add 2 and 3", "answer": "5"}, {"instruction": "hi", "answer": "hello there"},
              {"instruction": "a much longer instruction text", "answer": "ok"}]
@@ -319,8 +335,9 @@ def test_paper_profile_path_runs_on_tiny_llama_and_local_data(tmp_path):
     assert np.isfinite(res.eval_history.val_loss).all()
 
 
-def test_trunk_memo_and_request_hook_match_plain_forward():
-    model = tiny_llama(layers=4)
+@pytest.mark.parametrize("family", sorted(TINY_LMS))
+def test_trunk_memo_and_request_hook_match_plain_forward(family):
+    model = TINY_LMS[family](layers=4)
     moce.install(model, moce.variant_spec("moce", 2, 2, rank=4), [2, 3])
     for m in moce.moce_layers(model):
         torch.nn.init.normal_(m.experts.w_up, std=0.2)

@@ -742,12 +742,42 @@ def lower_hidden_states(model, input_ids: list[torch.Tensor], start: int, batch_
     return out
 
 
+def _same_type(wrapper: nn.Module, block: nn.Module) -> nn.Module:
+    """Models that read ``block.attention_type`` (sliding vs full attention) see the wrapped block's."""
+    if hasattr(block, "attention_type"):
+        wrapper.attention_type = block.attention_type
+    return wrapper
+
+
+class _Skip(nn.Module):
+    """A decoder block that passes its input through (stands for a frozen block whose output is cached)."""
+
+    def forward(self, hidden_states, *args, **kwargs):
+        return hidden_states
+
+
+@contextlib.contextmanager
+def _skipping_lower_blocks(model, start: int):
+    """Blocks 0..start-1 replaced by :class:`_Skip` (block indices, and so each block's attention type, unchanged)."""
+    base = model.model
+    layers = base.layers
+    base.layers = nn.ModuleList([_same_type(_Skip(), layers[i]) for i in range(start)] + list(layers[start:]))
+    try:
+        yield
+    finally:
+        base.layers = layers
+
+
 class TopStack(nn.Module):
-    """The adapted top blocks + final norm + LM head of a Llama-format model, run on cached hidden states.
+    """The adapted top blocks + final norm + LM head of a decoder-only Hugging Face LM, run on cached hidden states.
 
     ``forward(h [B,S,d], labels [B,S]) -> per-token NLL [B,S]`` (0 where labels == -100); logits are computed only
-    at the positions that carry a label (the LM head is the largest matmul of a 135M model). Right padding with a
-    causal mask makes every real position equal to the full model's (tested against the full forward pass).
+    at the positions that carry a label (the LM head is the largest matmul of a 135M model). The cached states enter
+    the model's own forward as ``inputs_embeds`` with the lower blocks skipped, so the model builds its own masks and
+    rotary tables per block (Llama: one kind; Gemma-3: sliding-window and global blocks with two rotary bases). This
+    needs a model whose forward does not rescale ``inputs_embeds`` (Llama, Mistral, Qwen2, Gemma-3 scale inside the
+    embedding module); right padding with a causal mask makes every real position equal to the full model's (tested
+    against the full forward pass for Llama and Gemma-3).
     """
 
     def __init__(self, model, start: int):
@@ -756,23 +786,17 @@ class TopStack(nn.Module):
         self.start = start
 
     def hidden(self, h: torch.Tensor) -> torch.Tensor:
-        from transformers.masking_utils import create_causal_mask
-
-        base = self.model.model
-        B, S, _ = h.shape
-        pos = torch.arange(S, device=h.device)[None].expand(B, S)
-        mask = create_causal_mask(config=self.model.config, inputs_embeds=h, attention_mask=None,
-                                  past_key_values=None, position_ids=pos)
-        pe = base.rotary_emb(h, position_ids=pos)
-        for blk in decoder_layers(self.model)[self.start:]:
-            h = blk(h, attention_mask=mask, position_embeddings=pe, position_ids=pos)
-        return base.norm(h)
+        with _skipping_lower_blocks(self.model, self.start):
+            return self.model.model(inputs_embeds=h, use_cache=False).last_hidden_state   # final norm applied
 
     def forward(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         hid = self.hidden(h)                                            # [B,S,d]
         tgt = labels[:, 1:]                                             # next-token targets
         sel = tgt != -100                                               # [B,S-1]
         logits = self.model.lm_head(hid[:, :-1][sel])                   # only labelled positions   [n,V]
+        cap = getattr(self.model.config, "final_logit_softcapping", None)
+        if cap:                                                         # Gemma-2-style soft-capping (as the model)
+            logits = torch.tanh(logits / cap) * cap
         nll = torch.zeros(tgt.shape, dtype=torch.float32, device=h.device)
         nll[sel] = F.cross_entropy(logits.float(), tgt[sel], reduction="none")
         return nll
@@ -1133,20 +1157,21 @@ def set_group_ids(model, group_ids) -> None:
         m.group_ids, m.token_mask = gid, None
 
 
-class _TrunkMemo(nn.Module):
-    """Blocks 0..start-1 as one module whose output is memoised by the content of its inputs.
+class _TrunkMemo:
+    """The output of blocks 0..start-1 memoised by the content of block 0's inputs.
 
     The frozen lower blocks are identical in every compared variant, so each evaluation request's trunk output is
     computed once (for the first model evaluated) and reused (written here because no library memoises a sub-stack;
-    valid because ``use_cache`` is off, so a forward pass is a pure function of its inputs).
+    valid because ``use_cache`` is off, so a forward pass is a pure function of its inputs). Each lower block is
+    wrapped in place (:class:`_MemoBlock`), so every block still receives its own mask and rotary table.
     """
 
-    def __init__(self, blocks, max_entries: int = 20000):
-        super().__init__()
-        self.blocks = nn.ModuleList(blocks)
+    def __init__(self, max_entries: int = 20000):
         self.memo: dict[str, torch.Tensor] = {}
         self.max_entries = max_entries
         self.hits = self.misses = 0
+        self.key = None      # key of the forward pass in progress (None: not memoised)
+        self.hit = False
 
     @staticmethod
     def _key(*tensors) -> str:
@@ -1159,32 +1184,43 @@ class _TrunkMemo(nn.Module):
                 h.update(t.detach().cpu().contiguous().numpy().tobytes())
         return h.hexdigest()
 
-    def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
-                position_embeddings=None, **kw):
-        bypass = past_key_values is not None or torch.is_grad_enabled()
-        key = None if bypass else self._key(hidden_states, attention_mask, position_ids)
-        if key is not None and key in self.memo:
-            self.hits += 1
-            return self.memo[key].to(hidden_states.device)
-        h = hidden_states
-        for blk in self.blocks:
-            h = blk(h, attention_mask=attention_mask, position_ids=position_ids, past_key_values=past_key_values,
-                    use_cache=use_cache, position_embeddings=position_embeddings, **kw)
-        if key is not None and len(self.memo) < self.max_entries:
-            self.misses += 1
-            self.memo[key] = h.detach()
+
+class _MemoBlock(nn.Module):
+    """Block ``i`` of the memoised trunk (``last``: block start-1, whose output is stored)."""
+
+    def __init__(self, block: nn.Module, tm: _TrunkMemo, first: bool, last: bool):
+        super().__init__()
+        self.block, self.tm, self.first, self.last = block, tm, first, last
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None, **kw):
+        tm = self.tm
+        if self.first:
+            bypass = past_key_values is not None or torch.is_grad_enabled()
+            tm.key = None if bypass else tm._key(hidden_states, attention_mask, position_ids)
+            tm.hit = tm.key is not None and tm.key in tm.memo
+            if tm.hit:
+                tm.hits += 1
+        if tm.hit:  # the remaining lower blocks are skipped; the last one hands over the memoised output
+            return tm.memo[tm.key].to(hidden_states.device) if self.last else hidden_states
+        h = self.block(hidden_states, attention_mask=attention_mask, position_ids=position_ids,
+                       past_key_values=past_key_values, **kw)
+        if self.last and tm.key is not None and len(tm.memo) < tm.max_entries:
+            tm.misses += 1
+            tm.memo[tm.key] = h.detach()
         return h
 
 
 @contextlib.contextmanager
 def trunk_memo(model, start: int, memo: _TrunkMemo | None = None):
-    """Within the block, blocks 0..start-1 run through one memoising module (``use_cache`` off). Pass the memo object
+    """Within the block, blocks 0..start-1 are memoised as one trunk (``use_cache`` off). Pass the memo object
     returned by an earlier call (``with trunk_memo(m, s) as tm``) to share it across variants."""
     base = model.model
     layers = base.layers
-    tm = memo if memo is not None else _TrunkMemo(list(layers[:start]))
+    tm = memo if memo is not None else _TrunkMemo()
     old_cache = model.config.use_cache
-    base.layers = nn.ModuleList([tm, *layers[start:]])
+    base.layers = nn.ModuleList([_same_type(_MemoBlock(layers[i], tm, i == 0, i == start - 1), layers[i])
+                                 for i in range(start)]
+                                + list(layers[start:]))
     model.config.use_cache = False
     try:
         yield tm
