@@ -1,5 +1,6 @@
 # Two commands do everything on a fresh clone (see README):
 #   make figures [NB=03]   set up, install the real assets, run the notebook series in the default profile
+#                          (PROFILE=full|paper, P="MODEL_PATH=/models/x OTHER=1" passes notebook parameters)
 #   make test              set up, run pytest and a smoke run of every notebook
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -7,6 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 NB ?=
 PROFILE ?= default
+P ?=
 JOBS ?= 2
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
@@ -15,7 +17,7 @@ export TOKENIZERS_PARALLELISM := false
 export MPLBACKEND := Agg
 export NUMBA_CACHE_DIR ?= $(HOME)/.cache/moelab/numba
 
-.PHONY: figures test setup assets assets-gemma smoke pytest stale lab bench clean-venv
+.PHONY: figures test setup assets assets-gemma smoke pytest stale verify lab bench clean-venv
 
 $(VENV)/.installed: requirements.txt constraints.txt requirements-assets.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,7 +38,7 @@ assets-gemma: setup
 	$(PY) -m moelab.assets install --gemma
 
 figures: assets-gemma
-	$(PY) -m moelab.notebooks run --profile $(PROFILE) $(if $(NB),--only $(NB))
+	$(PY) -m moelab.notebooks run --profile $(PROFILE) $(if $(NB),--only $(NB)) $(foreach p,$(P),-p $(p))
 
 smoke: assets
 	$(PY) -m moelab.notebooks run --profile smoke --force --no-progress $(if $(NB),--only $(NB))
@@ -52,8 +54,21 @@ test: assets
 stale: setup
 	$(PY) -m moelab.notebooks stale
 
+# rerun notebooks with an empty artifact cache into runs/verify/ and compare every verdict and number with the
+# committed claims (report in docs/verify/<nb>.md; exit 1 on a flipped verdict or a number outside its interval)
+verify: assets
+	$(PY) -m moelab.notebooks verify --profile $(PROFILE) $(if $(NB),--only $(NB)) --no-progress
+
+# JupyterLab on notebooks/ (issue 16, item 4): loopback only (LAB_IP=0.0.0.0 to expose it), a fresh token printed
+# as a ready URL, --allow-root when run as root (ID_U overrides `id -u`); MPLBACKEND unset so figures show inline.
+LAB_IP ?= 127.0.0.1
+LAB_PORT ?= 8888
+ID_U ?= $(shell id -u)
 lab: setup
-	$(VENV)/bin/jupyter lab notebooks/
+	@token=$$($(PY) -c "import secrets; print(secrets.token_hex(16))"); \
+	echo "JupyterLab: open http://$(LAB_IP):$(LAB_PORT)/lab?token=$$token  (Ctrl-C twice stops it; LAB_PORT=... if busy)"; \
+	env -u MPLBACKEND $(VENV)/bin/jupyter lab --no-browser --ip=$(LAB_IP) --port=$(LAB_PORT) --ServerApp.port_retries=0 \
+	  --IdentityProvider.token=$$token --ServerApp.root_dir=notebooks $(if $(filter 0,$(ID_U)),--allow-root)
 
 bench: setup
 	$(PY) benchmarks/bench_moe_layer.py

@@ -5,7 +5,7 @@
 #       extension: .py
 #       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -273,85 +273,14 @@ if vision:
 
 # %% [markdown]
 # ## Claims
+#
+# The verdicts are computed from the tables saved above, without rerunning anything, by the claim definitions in
+# `moelab.claims.defs.nb03_cluster_upcycling` (one per claim, with the poster's numbers in points beside it; the
+# verdict rule is in docs/CLAIMS.md). Trained comparisons use per-seed values and a t-interval over seeds; the poster's
+# gaps are 0.2-0.9 points after 1.3B samples, so `underpowered` is the expected honest verdict at our scale. An
+# analysis whose value after training equals its value at initialisation (the cluster router is the k-means
+# partition) holds by the initialisation, not by training; the entropy trajectory needs a fixed held-out batch.
 
 # %%
-C = run.claims
-if cfg["methods"]:
-    ours = cu.per_item_r1(results, "cluster_eesd")
-    for base, paper in (("sparse", "MSCOCO avg R@1 +0.2 (B/32), +0.6 (B/16) over sparse upcycling"),
-                        ("drop", "+1.5 (B/32), +0.8 (B/16) over Drop-Upcycling"),
-                        ("dense_long", "+0.4 (B/32), +0.9 (B/16) over the dense model trained as long")):
-        if base in cfg["methods"]:
-            C.effect(f"cluster-aware upcycling beats {base} on retrieval R@1", paper, ours,
-                     cu.per_item_r1(results, base),
-                     detail="held-out suite pairs, R@1 averaged over both directions, per item x seed")
-    fin_a = ana[ana["when"] == "final"].sort_values(["seed", "moe_layer"])
-    for col, paper in (("relative_compactness", "relative compactness lower than sparse upcycling (panel 1)"),
-                       ("expert_similarity", "expert similarity lower than sparse upcycling (panel 2)")):
-        a = fin_a[fin_a["method"] == "cluster_eesd"].pivot(index="seed", columns="moe_layer", values=col).to_numpy()
-        b = fin_a[fin_a["method"] == "sparse"].pivot(index="seed", columns="moe_layer", values=col).to_numpy()
-        C.effect(f"cluster-aware: lower {col.replace('_', ' ')} than sparse upcycling", paper, a, b,
-                 higher_is_better=False, detail="per MoE layer x seed, after training")
-    e = ent[ent["method"] == "cluster_eesd"].groupby("step")["routing_entropy"].mean()
-    e_sp = ana[(ana["method"] == "sparse") & (ana["when"] == "init")]["routing_entropy"].mean()
-    e_ours0 = ana[(ana["method"] == "cluster_eesd") & (ana["when"] == "init")]["routing_entropy"].mean()
-    C.shape("cluster-aware routing is confident at initialisation", "panel 3: low entropy at init, then explores",
-            "normalised routing entropy at init below sparse upcycling's and below 0.9", e_ours0,
-            bool(e_ours0 < e_sp and e_ours0 < 0.9), detail=f"sparse upcycling at init: {e_sp:.3f}")
-    C.shape("cluster-aware routing explores then restabilises", "panel 3: entropy rises, then settles",
-            "max entropy over steps exceeds the first step's by > 0.01 and the last step is below the max",
-            float(e.max() - e.iloc[0]), bool(e.max() - e.iloc[0] > 0.01 and e.iloc[-1] < e.max()),
-            detail=f"first {e.iloc[0]:.3f}, max {e.max():.3f}, last {e.iloc[-1]:.3f} over {len(e)} steps")
-    C.equivalence("cluster-aware experts are used in a balanced way (no collapse)", "panel 4: balanced utilisation",
-                  fin_a[fin_a["method"] == "cluster_eesd"]["utilisation_balance"].to_numpy(), target=1.0, tol=0.1,
-                  detail="normalised entropy of the top-2 utilisation per MoE layer x seed")
-    if benchmarks is not None:
-        bench_s = bench.groupby(["method", "seed"] + keys)["score"].mean().reset_index()
-        piv = {m: bench_s[bench_s["method"] == m].pivot_table(index="seed", columns=keys, values="score").to_numpy()
-               for m in ("cluster_eesd", "sparse")}
-        C.effect("cluster-aware upcycling beats sparse upcycling on the suite's embedding benchmarks",
-                 "zero-shot ImageNet variants / VTAB analogue: +0.4 avg (B/32)", piv["cluster_eesd"], piv["sparse"],
-                 detail="per benchmark x seed")
-if {"sparse", "cluster", "sparse_eesd", "cluster_eesd"} <= set(cfg["methods"]):
-    sc = {"sparse": cu.per_item_r1(results, "sparse"), "cluster init": cu.per_item_r1(results, "cluster"),
-          "EESD": cu.per_item_r1(results, "sparse_eesd"), "cluster init + EESD": cu.per_item_r1(results, "cluster_eesd")}
-    C.best_of("ablation: combining cluster init and EESD works best", "2x2 ablation, MSCOCO R@1", "cluster init + EESD",
-              {k: v.mean(0) for k, v in sc.items()})
-    C.effect("ablation: cluster init alone beats sparse upcycling", "+0.2 / +0.2 MSCOCO R@1",
-             sc["cluster init"], sc["sparse"])
-else:
-    C.not_testable("2x2 ablation (cluster init x EESD)", "combining both works best",
-                   f"runs in the full profile only (this run: {PROFILE})")
-if vision:
-    vitems = vres["items"]
-    vpaper = {"fmnist_test": "ImageNet-1k val 57.3 vs 57.1 (B/32), 63.2 vs 63.0 (B/16)",
-              "cifar_5shot": "ImageNet 5-shot 51.5 vs 50.9", "cifar_10shot": "ImageNet 10-shot 58.2 vs 57.8",
-              "cifar_ft": "ImageNet full fine-tuning 73.3 vs 73.0"}
-    for t in [t for t in vpaper if t in set(vitems["task"])]:
-        C.effect(f"ViT: cluster-aware upcycling beats sparse upcycling on {t}", vpaper[t],
-                 cu.per_item_scores(vitems, "cluster_eesd", t), cu.per_item_scores(vitems, "sparse", t),
-                 detail="small ViT pretrained on Fashion-MNIST; per item x seed (probes: mean over shot draws)")
-    if "dense" in vision["methods"]:
-        for t, paper in (("cifar_5shot", "ImageNet 5-shot 51.5 vs dense 50.4"),
-                         ("cifar_10shot", "ImageNet 10-shot 58.2 vs dense 57.1")):
-            C.effect(f"ViT: cluster-aware upcycling beats the dense model on {t}", paper,
-                     cu.per_item_scores(vitems, "cluster_eesd", t).mean(0), cu.per_item_scores(vitems, "dense", t)[0],
-                     detail="per item, cluster-aware averaged over seeds; dense = the pretrained ViT (one model)")
-else:
-    C.not_testable("few-shot (5/10-shot) and full fine-tuning gains; vision upcycling of a small ViT",
-                   "ImageNet 5-shot +1.1, 10-shot +1.1 over dense", f"the ViT experiment runs in the full (and, "
-                   f"tiny, the smoke) profile only (this run: {PROFILE}); no CLIP or ImageNet here")
-C.not_testable("zero-shot ImageNet-1k variants and VTAB with CLIP ViT-B", "Table: +0.4 to +1.0 avg",
-               "needs CLIP ViT-B weights, open_clip and LAION-scale training (paper profile reads the weights only)")
 claims = run.finish()
 claims
-
-# %% [markdown]
-# ## Conclusion
-# The verdicts above are computed from the saved tables. The poster's differences are 0.1–0.8 points after 1.3B
-# samples of training; our continued training is a few hundred pairs on CPU, so "inconclusive" is an honest and
-# expected verdict for the accuracy claims, while the initialisation-time claims (confident routing, less similar
-# experts, more compact expert regions) are testable at this scale.
-# The vision claims (`ViT: ...`) compare cluster-aware against sparse upcycling of the small ViT pretrained
-# here on Fashion-MNIST (full profile) after 120 steps of continued training; the poster's gaps are 0.2–0.6 points,
-# so with 1000–2000 evaluation images per task an "inconclusive" verdict is again the likely honest outcome.

@@ -5,7 +5,7 @@
 #       extension: .py
 #       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -238,6 +238,8 @@ print(f"test evaluation took {time.time() - t_test:.0f} s")
 table1 = fm.improvement_table(scores[scores.method != "WANDA-5%"], ["DOWP", "FREE-MOE"])
 run.save_table(table1.round(2), "table1", "main", caption="test scores x100 (accuracy, pass@k; nll tasks: mean "
                "log-likelihood per token x100) and improvements over BASELINE")
+run.save_table(scores, "table1", "main-items", caption="per-item test scores (0/1 accuracy, pass@k estimate, or mean "
+               "log-likelihood per token) per method: the claims' unit of replication")
 table1
 
 # %%
@@ -336,6 +338,7 @@ ratio_routes["base"] = (None, None)
 ratio_sc = fm.evaluate_methods(model, tok, gen_items, ratio_routes, cfg["batch"])
 table2 = (100 * ratio_sc.groupby("method", sort=False).score.mean()).rename("general acc").reset_index()
 run.save_table(table2.round(2), "table2", "ratio", caption="general-domain test accuracy by purification ratio")
+run.save_table(ratio_sc, "table2", "ratio-items", caption="per-item general-domain test accuracy by purification ratio")
 ratio_scores = {m: 100 * g.score.values for m, g in ratio_sc.groupby("method", sort=False) if m != "base"}
 table2
 
@@ -389,6 +392,8 @@ for tid, df in abl.items():
     t = (100 * df.groupby(["method", "task"], sort=False).score.mean()).unstack("task").reset_index()
     run.save_table(t.round(3), tid, {"table3": "sublayers", "table4": "patch", "table5": "kmeans"}[tid],
                    caption=f"{tid}: test score x100 per option")
+    run.save_table(df, tid, {"table3": "sublayers", "table4": "patch", "table5": "kmeans"}[tid] + "-items",
+                   caption=f"{tid}: per-item test score per option")
     display(Markdown(f"**{tid}**"), t)
 if not abl:
     display(Markdown("Tables 3-5 are not run in this profile (see the claims)."))
@@ -423,43 +428,15 @@ else:
     display(Markdown("Gemma-3-270M rows run in `full` only."))
 
 # %% [markdown]
-# ## Conclusion
-# Claims, checked on test items with paired bootstrap over items (accuracy tasks pooled: multiple-choice accuracy and
-# HumanEval pass@1, in points).
+# ## Claims
+#
+# Verdicts are computed from the tables saved above by `moelab.claims.defs.nb05_free_moe`, where the paper's numbers
+# are written beside each claim with the table or figure they come from; the verdict rule (interval, MDE, unit of
+# replication) is in docs/CLAIMS.md, and `python -m moelab.claims rebuild` recomputes the same file from the committed
+# tables. One claim per paper column and metric (accuracy, pass@1, pass@10 and answer log-likelihood are never
+# pooled); the compared models are one pretrained model with and without a mask, so test items are the unit of
+# replication.
 
 # %%
-run.claims.effect("DOWP improves over the base model (pooled test accuracy, points)",
-                  "+2 to +3 points (avg +2.04)", 100 * pool["DOWP"].values, 100 * pool["BASELINE"].values,
-                  detail=f"{MODEL_NAME}; bands selected on reference data; {len(pool)} test items")
-run.claims.effect("FREE-MOE (router) improves over the base model (pooled test accuracy, points)",
-                  "+1.11 on average", 100 * pool["FREE-MOE"].values, 100 * pool["BASELINE"].values,
-                  detail=f"router main-domain accuracy {100 * routing.main_ok.mean():.1f}%")
-ref_all = rg[rg.metric == "acc"].dropna()
-run.claims.effect("DOWP's gain on the reference items its band was selected on (accuracy, points)",
-                  "(paper reports the max over bands, Tables 6-10)", 100 * ref_all.selected.values,
-                  100 * ref_all.base.values,
-                  detail="optimistic by construction (selection on the same items); code (likelihood) excluded")
-run.claims.best_of("5% purification ratio is best", "Table 2: 5% (47.79) vs 3% (47.85), 1% (47.75)", "5%",
-                   ratio_scores, detail="general domain, test accuracy x100")
-if "table4" in abl and "1x1" in set(abl["table4"].method):
-    run.claims.best_of("1x1 patches are best", "Table 4: 1x1 best on MBPP/HumanEval", "1x1",
-                       {m: 100 * g.score.values for m, g in abl["table4"].groupby("method", sort=False)},
-                       detail="code domain, test log-likelihood per token x100")
-else:
-    run.claims.not_testable("1x1 patches are best", "Table 4", f"patch-size ablation not run in profile {PROFILE}")
-if "table5" in abl and "K=12" in set(abl["table5"].method):
-    run.claims.best_of("K=12 subdomains is best", "Table 5: K=12 (47.79) vs 10, 14", "K=12",
-                       {m: 100 * g.score.values for m, g in abl["table5"].groupby("method", sort=False)},
-                       detail="general domain, test accuracy x100")
-else:
-    run.claims.not_testable("K=12 subdomains is best", "Table 5", f"K=10/12/14 not run in profile {PROFILE}")
-if "table3" in abl:
-    run.claims.best_of("purifying both sublayers is best on MathQA-like items", "Table 3: combination best on MathQA",
-                       "both", {m: 100 * g.score.values for m, g in abl["table3"].groupby("method", sort=False)
-                                if m != "base"}, detail="maths domain test items")
-else:
-    run.claims.not_testable("sublayer choice (Table 3)", "Table 3", f"not run in profile {PROFILE}")
-run.claims.not_testable("the paper's models (Llama-2-7b/13b-chat, Gemma-7b, Gemma-2-9b) and MMLU/GSM8K/MBPP",
-                        "Table 1", "weights and data not obtainable offline; the paper profile takes a local path")
-print(f"wall time {time.time() - T0:.0f} s")
-run.finish()
+claims = run.finish()
+claims

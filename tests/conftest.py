@@ -6,6 +6,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MPLBACKEND", "Agg")
+os.environ.setdefault("MOELAB_PROGRESS", "0")   # tests stay quiet (tests/test_progress.py turns bars on)
+os.environ.pop("MOELAB_PUBLISH", None)          # a test never publishes by accident
 
 import pytest  # noqa: E402
 

@@ -134,3 +134,64 @@ def test_convert_bad_input():
         moeify(_llama(), [0], 4, 5)
     with pytest.raises(ValueError, match="no supported FFN"):
         ffn_sites(torch.nn.Linear(2, 2))
+
+
+# ------------------------------------------------------------------------- issue 15 item 2: padding and the aux loss
+def _padded():
+    mask = torch.ones_like(IDS)
+    mask[0, 5:] = 0                                                         # right padding
+    mask[1, :2] = 0                                                         # left padding
+    return mask
+
+
+def _moe_model(make):
+    model = make()
+    moeify(model, "all", num_experts=4, top_k=2, init="sparse", renormalize=True)
+    with torch.no_grad():
+        for m in moe_layers(model):
+            m.router.weight.normal_(0, 1.0)                                 # routing that depends on the token
+    return model
+
+
+def _check_layers_against_transformers(model, mask):
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+    for m in moe_layers(model):
+        z = m.last_router_logits.detach()
+        torch.testing.assert_close(m.aux_loss, load_balancing_loss_func((z,), 4, 2, attention_mask=mask))
+        assert not torch.allclose(m.aux_loss, load_balancing_loss_func((z,), 4, 2), atol=1e-5)   # padding matters
+        assert m.token_mask is None                                         # released after the forward pass
+
+
+@pytest.mark.parametrize("make", [_llama, _bert])
+def test_moeify_keeps_padding_out_of_the_balancing_loss(make):
+    import copy
+    model = _moe_model(make)
+    mask = _padded()
+    with torch.no_grad():
+        model(input_ids=IDS, attention_mask=mask)
+    _check_layers_against_transformers(model, mask)
+    first = [m.aux_loss.clone() for m in moe_layers(model)]
+    with torch.no_grad():
+        model(IDS, mask)                                                    # positional attention_mask
+    assert all(torch.equal(a, m.aux_loss) for a, m in zip(first, moe_layers(model)))
+    twin = copy.deepcopy(model)                                             # the hooks follow the copy
+    with torch.no_grad():
+        twin(input_ids=IDS, attention_mask=mask)
+    _check_layers_against_transformers(twin, mask)
+    with pytest.raises(ValueError, match="2-D attention_mask"):
+        model(input_ids=IDS, attention_mask=mask[:, None, None, :])
+
+
+def test_moeify_mask_with_kv_cache_uses_the_current_positions():
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+    model = _moe_model(_llama)
+    mask = torch.ones_like(IDS)
+    mask[1, :3] = 0                                                         # left padding
+    mask[0, 7] = 0                                                          # a masked current position
+    with torch.no_grad():
+        out = model(input_ids=IDS[:, :6], attention_mask=mask[:, :6], use_cache=True)
+        model(input_ids=IDS[:, 6:8], attention_mask=mask[:, :8], past_key_values=out.past_key_values)
+    for m in moe_layers(model):
+        z = m.last_router_logits.detach()
+        assert z.shape[0] == 4
+        torch.testing.assert_close(m.aux_loss, load_balancing_loss_func((z,), 4, 2, attention_mask=mask[:, 6:8]))

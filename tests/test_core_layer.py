@@ -105,3 +105,77 @@ def test_layer_bad_input():
         MoELayer(8, 12, 4, 2, router="hash")
     with pytest.raises(ValueError, match="group_ids"):
         MoELayer(8, 12, 4, 2, router="group", num_groups=2)(torch.randn(3, 8))
+
+
+# ------------------------------------------------------------------------- issue 15 item 2: balance the active slots
+def _padded_mask():
+    mask = torch.ones(2, 5, dtype=torch.long)
+    mask[1, 2:] = 0                                                            # padding
+    return mask
+
+
+@pytest.mark.parametrize("kw,k_loss", [(dict(router="topk", top_k=2), 2), (dict(router="top_p", top_k=1), 1),
+                                       (dict(router="cosine", top_k=2), 2), (dict(router="topany", top_k=1), 1)])
+def test_aux_loss_over_active_slots_equals_transformers(kw, k_loss):
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+    torch.manual_seed(0)
+    m = MoELayer(8, 12, 6, num_active=3, **kw)
+    x = torch.randn(2, 5, 8)
+    mask = _padded_mask()
+    m(x, attention_mask=mask)
+    z = m.last_router_logits.detach()
+    ref = load_balancing_loss_func((z[:, :3],), 3, k_loss, attention_mask=mask)     # active logits, padding masked
+    torch.testing.assert_close(m.aux_loss, ref)
+    all_slots = load_balancing_loss_func((z,), 6, k_loss, attention_mask=mask)      # the old loss, over all 6 slots
+    assert not torch.allclose(m.aux_loss, all_slots, atol=1e-4)
+    m(x)                                                                           # no mask: every token counts
+    torch.testing.assert_close(m.aux_loss, load_balancing_loss_func((z[:, :3],), 3, k_loss))
+    m.router.weight.grad = None
+    m.aux_loss.backward()
+    assert m.router.weight.grad[3:].abs().sum() == 0                               # free slots get no push
+    assert m.router.weight.grad[:3].abs().sum() > 0
+
+
+def test_aux_loss_group_router_with_free_slots():
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+    torch.manual_seed(0)
+    m = MoELayer(8, 12, 4, 2, router="group", num_groups=2)
+    m.active_mask[:] = torch.tensor([True, True, True, False] * 2)               # same free slot in both groups
+    x = torch.randn(2, 5, 8)
+    m(x, group_ids=torch.tensor([0, 1]), attention_mask=_padded_mask())
+    z = m.last_router_logits.detach()
+    torch.testing.assert_close(m.aux_loss, load_balancing_loss_func((z[:, :3],), 3, 2, attention_mask=_padded_mask()))
+    m.active_mask[:] = torch.tensor([True, True, True, False, True, True, True, True])
+    with pytest.raises(ValueError, match="same active experts in every group"):
+        m(x, group_ids=torch.tensor([0, 1]))
+
+
+def test_attention_mask_must_match_the_tokens():
+    m = MoELayer(8, 12, 4, 2)
+    x = torch.randn(2, 5, 8)
+    for bad in (torch.ones(2, 4), torch.ones(10), torch.ones(1, 10)):
+        with pytest.raises(ValueError, match="does not match the tokens"):
+            m(x, attention_mask=bad)
+    m.token_mask = torch.ones(3, 5)                                                # e.g. a stale mask of another batch
+    with pytest.raises(ValueError, match="does not match the tokens"):
+        m(x)
+    m.token_mask = None
+    m(x.reshape(10, 8), attention_mask=_padded_mask())                             # [T,d] with a [B,S] mask: T entries
+    with pytest.raises(ValueError, match="does not match the tokens"):
+        m(x.reshape(10, 8), attention_mask=torch.ones(9))
+
+
+# ------------------------------------------------------------------------- issue 15 item 1: defaults and the ValueError
+def test_layer_renormalize_defaults_and_gradient_free_configs():
+    assert MoELayer(8, 12, 4, 2).renormalize is True                               # Mixtral for k > 1
+    assert MoELayer(8, 12, 4, 1).renormalize is False                              # Switch for top-1
+    assert MoELayer(8, 12, 4, 1, router="top_p").renormalize is False              # raw top-p probabilities
+    assert MoELayer(8, 12, 4, 1, router="top_p", renormalize="mass_batch").renormalize == "mass_batch"
+    for kw in (dict(router="topk", renormalize=True), dict(router="topk", softmax_over="topk"),
+               dict(router="cosine", renormalize=True), dict(router="group", num_groups=2, renormalize=True),
+               dict(router="top_p", renormalize=True)):
+        with pytest.raises(ValueError, match="no gradient from the task loss"):
+            MoELayer(8, 12, 4, 1, **kw)
+        MoELayer(8, 12, 4, 1, allow_gradient_free_routes=True, **kw)              # explicit opt-in
+    with pytest.raises(ValueError, match="renormalize must be one of"):
+        MoELayer(8, 12, 4, 2, renormalize="sometimes")

@@ -74,11 +74,74 @@ def test_top_p_matches_loop(convention, p):
     w, m = R.top_p_route(z, p, convention=convention)
     probs = torch.softmax(z, -1)
     assert torch.equal(m, _top_p_loop(probs.double(), p, convention))
-    if convention == "mass":                                               # renormalised by default
-        assert torch.allclose(w.sum(-1), torch.ones(40))
+    assert torch.allclose(w, probs * m)                                    # raw probabilities by default (issue 15)
+    if convention == "mass":
         assert (probs * m).sum(-1).ge(p - 1e-6).all()
-    else:                                                                  # not renormalised
-        assert torch.allclose(w, probs * m)
+
+
+def _mass_batch_loop(probs, mask):
+    """The MASS authors' dispatch rule, token by token: renormalise iff some token keeps > 1 expert."""
+    k_max = max(int(mask[t].sum()) for t in range(probs.shape[0]))
+    out = torch.zeros_like(probs)
+    for t in range(probs.shape[0]):
+        kept = [e for e in range(probs.shape[1]) if mask[t, e]]
+        total = sum(float(probs[t, e]) for e in kept)
+        for e in kept:
+            out[t, e] = probs[t, e] / total if k_max > 1 else probs[t, e]
+    return out
+
+
+def test_top_p_renormalisation_options_match_loops():
+    z = _logits(T=30, E=6, seed=4)
+    probs = torch.softmax(z, -1)
+    w, m = R.top_p_route(z, 0.5, renormalize="mass_batch")                 # mixed batch: renormalised
+    assert 1 < int(m.sum(-1).max()) and int(m.sum(-1).min()) == 1
+    torch.testing.assert_close(w, _mass_batch_loop(probs, m))
+    torch.testing.assert_close(w.sum(-1), torch.ones(30))
+    single = z.clone()
+    single[:, 0] = z.max(-1).values + 2.0                                   # p_0 >= 0.6: every token keeps only 0
+    w1, m1 = R.top_p_route(single, 0.5, renormalize="mass_batch")
+    assert (m1.sum(-1) == 1).all()
+    torch.testing.assert_close(w1, _mass_batch_loop(torch.softmax(single, -1), m1))
+    assert (w1[:, 0] < 1).all()                                            # raw p_1 < 1: the gate gets a gradient
+    wt, mt = R.top_p_route(z, 0.5, renormalize=True, allow_gradient_free_routes=True)   # per token (opt-in)
+    torch.testing.assert_close(wt, probs * mt / (probs * mt).sum(-1, keepdim=True))
+    w_full, _ = R.top_p_route(z, 1.0, renormalize=True)                    # p = 1 keeps every expert: allowed
+    torch.testing.assert_close(w_full.sum(-1), torch.ones(30))
+
+
+def test_topk_mass_batch_is_renormalised_for_k_above_1_and_raw_for_top1():
+    z = _logits()
+    torch.testing.assert_close(R.topk_route(z, 2, renormalize="mass_batch").weights,
+                               R.topk_route(z, 2, renormalize=True).weights)
+    torch.testing.assert_close(R.topk_route(z, 1, renormalize="mass_batch").weights,
+                               torch.softmax(z, -1).max(-1, keepdim=True).values)
+
+
+def test_gradient_free_routes_raise_unless_asked_for():
+    z = _logits()
+    with pytest.raises(ValueError, match="top-1 with renormalised weights gives every token weight 1"):
+        R.topk_route(z, 1, renormalize=True)
+    with pytest.raises(ValueError, match="softmax_over='topk'"):
+        R.topk_route(z, 1, softmax_over="topk")
+    with pytest.raises(ValueError, match="no gradient from the task loss"):
+        R.top_p_route(z, 0.5, renormalize=True)
+    with pytest.raises(ValueError, match="renormalize must be one of"):
+        R.topk_route(z, 2, renormalize="yes")
+    g = torch.zeros(z.shape[0], dtype=torch.long)
+    with pytest.raises(ValueError, match="weight 1"):
+        R.group_topk_route(z, g, 1, 1, softmax_over="topk")
+    for make in (lambda **kw: R.LinearRouter(8, 4, 1, **kw), lambda **kw: R.GroupRouter(8, 2, 4, 1, **kw),
+                 lambda **kw: R.CosineRouter(8, 4, top_k=1, **kw)):
+        with pytest.raises(ValueError, match="allow_gradient_free_routes=True"):
+            make(renormalize=True)
+        make(renormalize=True, allow_gradient_free_routes=True)            # the explicit opt-in still works
+    old = R.topk_route(z, 1, renormalize=True, allow_gradient_free_routes=True)
+    assert torch.equal(old.weights, torch.ones(z.shape[0], 1))             # the old behaviour: weight exactly 1
+    assert torch.equal(R.topk_route(z, 1, softmax_over="topk", allow_gradient_free_routes=True).weights,
+                       torch.ones(z.shape[0], 1))
+    raw = R.topk_route(z, 1)                                               # default: Switch raw probability
+    torch.testing.assert_close(raw.weights, torch.softmax(z, -1).max(-1, keepdim=True).values)
 
 
 def test_top_p_conventions_differ_at_exact_boundary():

@@ -48,8 +48,10 @@ def test_layer_duplication_matches_naive_reference():
 @pytest.mark.parametrize("p, active", [(0.5, 1), (1e-6, 3)])
 def test_forward_unchanged_after_duplication_in_top1_regime(p, active):
     # holds when each token keeps one expert (a single-expert pool at p=0.5: the duplicate pair splits 0.5/0.5 and
-    # top-p keeps one; or p -> 0): renormalised weight 1 on a function equal to the source's
-    layer = _layer(E=4, active=active, top_p=p)
+    # top-p keeps one; or p -> 0) AND kept weights are renormalised per token (weight 1 on a function equal to the
+    # source's). That routing gives the router no task gradient, so it must be asked for explicitly; under the
+    # default raw-probability weights (and the MASS authors' batch rule) duplication halves the source's weight.
+    layer = _layer(E=4, active=active, top_p=p, renormalize=True, allow_gradient_free_routes=True)
     x = torch.randn(30, 8)
     with torch.no_grad():
         y0 = layer(x)

@@ -142,7 +142,10 @@ def _naive_moce(x, layer, groups):
                     sel, w = [g * N + n for n in range(N)], torch.softmax(z, 0).tolist()
                 else:
                     top = torch.topk(z, sp.top_k)
-                    sel, w = [g * N + int(i) for i in top.indices], torch.softmax(top.values, 0).tolist()
+                    # top-k > 1: softmax over the kept logits; top-1: the softmax-over-N probability (Eqs. 1-3), so
+                    # the router gets a task gradient
+                    p = torch.softmax(top.values, 0) if sp.top_k > 1 else torch.softmax(z, 0)[top.indices]
+                    sel, w = [g * N + int(i) for i in top.indices], p.tolist()
             for e, we in zip(sel, w):
                 y = y + we * sp.scale * (Wu[e] @ F.gelu(Wd[e] @ h))
             if sp.num_general:

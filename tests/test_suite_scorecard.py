@@ -21,6 +21,7 @@ def test_summarize_usable_rule():
     good = pd.DataFrame(dict(task="moelab_bb_hyperbaton", item_id=ids, metric="acc", score=[1.0] * 36 + [0.0] * 4))
     coin = good.assign(score=[1.0, 0.0] * 20)
     nll = pd.DataFrame(dict(task="moelab_nll_code", item_id=range(10), metric="bpb", score=[0.5] * 10))
+    good, coin = scorecard.with_option_order(good), scorecard.with_option_order(coin)  # scored in today's order
     t = scorecard.summarize(pd.concat([good, nll]), "m")
     assert t.set_index("task").usable.to_dict() == {"moelab_bb_hyperbaton": True, "moelab_nll_code": True}
     assert not scorecard.summarize(coin, "m").usable.item()

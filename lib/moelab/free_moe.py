@@ -14,7 +14,7 @@ What is here (paper section -> function):
   one batched forward per item set): :func:`continuation_logprobs`, :func:`choice_accuracy`, :func:`answer_logprob`,
   :func:`generate_completions`.
 
-Reading of "purify" implemented here (the paper is inconsistent, see ``../shared/notes/reference-facts.md``):
+Reading of "purify" implemented here (the paper is inconsistent, see ``docs/reference-facts.md``):
 purifying a band ``[θmin, θmax)`` (percentiles of the ascending importance ranking, compared within each output row
 of patches as in Wanda, or within the whole matrix with ``scope="matrix"``) **sets those patches' weights to zero**.
 The band ``[0, 5)`` at 1x1 patches is exactly Wanda at 5% sparsity; the appendix bands 50-55% ... 95-100% zero
@@ -30,6 +30,9 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 from torch import nn
+
+from moelab import progress
+from moelab.profiles import paper_input_hint
 
 SUBLAYER_PROJECTIONS = {
     "mlp": ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"),
@@ -481,7 +484,7 @@ def choice_accuracy(model: nn.Module, tok, items: Sequence[dict], batch_size: in
     """Per-item accuracy (0/1) of multiple-choice items ``dict(prompt, choices: list[str], label: int)``: the choice
     with the highest summed log-likelihood wins (lm-eval's ``acc``; same prompt + " " + choice format)."""
     acc = np.zeros(len(items))
-    for k, it in enumerate(items):
+    for k, it in enumerate(progress.bar(items, desc="multiple-choice items", unit="item")):
         if not it.get("choices"):
             raise ValueError(f"item {k} has no choices")
         lp = choice_logprobs(model, tok, it["prompt"], it["choices"], max_length)
@@ -539,6 +542,7 @@ def band_sweep(model: nn.Module, ranks_by_sub: dict, items_by_sub: dict, score_f
     dense model). A subdomain with no items -> ValueError."""
     import pandas as pd
     rows = []
+    bar = progress.bar(total=len(ranks_by_sub) * (len(bands) + include_base), desc="band sweep", unit="band")
     for sub, ranks in ranks_by_sub.items():
         items = items_by_sub.get(sub, [])
         if len(items) == 0:
@@ -546,10 +550,13 @@ def band_sweep(model: nn.Module, ranks_by_sub: dict, items_by_sub: dict, score_f
         if include_base:
             for j, sc in enumerate(score_fn(model, items)):
                 rows.append((sub, "base", j, float(sc)))
+            bar.update(1)
         for band in bands:
             with apply_mask(model, band_mask(ranks, band)):
                 sc = score_fn(model, items)
             rows += [(sub, band_label(band), j, float(v)) for j, v in enumerate(sc)]
+            bar.update(1)
+    bar.close()
     return pd.DataFrame(rows, columns=["cluster", "band", "item", "score"])
 
 
@@ -586,8 +593,9 @@ def load_local_model(path, dtype=torch.float32):
     from moelab.assets import MissingAsset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     if path is None or not Path(path).is_dir() or not (Path(path) / "config.json").exists():
-        raise MissingAsset(f"Free-MoE paper model not found at {path!r}: pass MODEL_PATH=<local HF folder of "
-                           "Llama-2-7b-chat / Gemma-7b / ...> (these weights cannot be downloaded here)")
+        raise MissingAsset("Free-MoE paper model", f"no local Hugging Face folder at {path!r}",
+                           paper_input_hint("05", "MODEL_PATH", "a local Hugging Face folder of Llama-2-7b-chat, "
+                                            "Llama-2-13b-chat, Gemma-7b or Gemma-2-9b"))
     tok = AutoTokenizer.from_pretrained(str(path))
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -839,7 +847,7 @@ def dowp_select(model: nn.Module, tok, ref_by_sub: dict, bands: Sequence[tuple[f
     [θ*min, θ*min + r] for each purification ratio r (Table 2). Ranks are dropped after each subdomain (memory)."""
     import pandas as pd
     frames, selected, masks = [], {}, {}
-    for sub, items in ref_by_sub.items():
+    for sub, items in progress.bar(list(ref_by_sub.items()), desc="DOWP subdomains", unit="subdomain"):
         if len(items) == 0:
             raise ValueError(f"subdomain {sub!r} has no reference examples")
         cc = None if cache_config is None else dict(cache_config, subdomain=sub)
@@ -874,7 +882,7 @@ def evaluate_methods(model: nn.Module, tok, items: Sequence[dict], routes: dict,
     (keys None -> dense model). Returns per-item scores: method, task, id, score (column per extra score dim)."""
     import pandas as pd
     frames = []
-    for method, (keys, masks) in routes.items():
+    for method, (keys, masks) in progress.bar(list(routes.items()), desc="methods on test items", unit="method"):
         keys = [None] * len(items) if keys is None else list(keys)
         sc = routed_scores(model, tok, items, keys, masks if masks is not None else {}, batch_size, score_fn)
         df = pd.DataFrame(dict(method=method, task=[it["task"] for it in items], id=[it["id"] for it in items]))

@@ -26,6 +26,12 @@ import torch
 import torch.nn.functional as F
 from scipy.stats import norm
 
+from moelab import progress
+from moelab.core import diagnostics
+from moelab.profiles import paper_input_hint
+# the elbow rule and the JSD are shared with notebooks 01 and 02 (issue 18, item 7); re-exported under the old names
+from moelab.stats import elbow_max_chord, jensen_shannon
+
 __all__ = ["StackedMoETransformer", "topk_weights", "top_p_weights", "train_stacked", "eval_per_sequence",
            "rolling_z", "cpd_pvalue", "weight_grad_cos", "project_rows", "MassConfig", "MassExpander",
            "frontier", "elbow_max_chord", "routing_jsd", "sinusoidal_positions", "collect_routing", "SynthSetup",
@@ -49,11 +55,13 @@ def topk_weights(probs: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 
 def top_p_weights(logits: torch.Tensor, p: float) -> torch.Tensor:
-    """MASS gate (Sec. 3.3): smallest set of sorted scores whose cumulative mass reaches p, renormalised.
-    logits [..., E] (-inf on free slots) -> weights [..., E], via ``moelab.core.routing.top_p_route`` ("mass")."""
+    """MASS gate (Sec. 3.3): smallest set of sorted scores whose cumulative mass reaches p, renormalised only when
+    some token of the model's batch keeps more than one expert (the authors' rule; issue 15).
+    logits [..., N, E] (-inf on free slots; leading dims = models) -> weights, via
+    ``moelab.core.routing.top_p_route`` ("mass", ``renormalize="mass_batch"``, one batch per model)."""
     from moelab.core.routing import top_p_route
-    E = logits.shape[-1]
-    w, _ = top_p_route(logits.reshape(-1, E), p, convention="mass", renormalize=True)
+    rows = logits.reshape(-1, *logits.shape[-2:])                                # [M, N, E]
+    w = torch.stack([top_p_route(r, p, convention="mass", renormalize="mass_batch")[0] for r in rows])
     return w.reshape(logits.shape)
 
 
@@ -163,11 +171,20 @@ def _nll(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------- training
 def train_stacked(model: StackedMoETransformer, docs: np.ndarray, *, steps: int, batch_size: int, lr: float,
                   warmup_frac: float = 0.05, seed: int = 0, aux_loss=None, after_backward=None, after_step=None,
-                  log_every: int = 10) -> pd.DataFrame:
+                  log_every: int = 10, desc: str = "stacked MoE", router_frozen: bool = False,
+                  progress_bar: bool | None = None) -> pd.DataFrame:
     """Adam on the sum over models of each model's mean CE (models independent: disjoint parameters, elementwise Adam).
     docs [n, S+1] token ids, drawn in a seeded order.  Hook points as in ``moelab.train``: ``aux_loss(step, model)``
     -> extra scalar added to the loss, ``after_backward(step, model, optimizer)`` may edit gradients (MASS),
-    ``after_step(step, model)``.  Returns history (step, model, loss)."""
+    ``after_step(step, model)``.  Returns history (step, model, loss, router_grad_norm, router_frozen) at the logged
+    steps (0-based ``step % log_every == 0`` and the last).
+
+    ``router_grad_norm`` (issue 15, item 1): ||d CE_m / d W_g[m]|| of each model's gate from its task loss alone
+    (``aux_loss`` excluded), via ``moelab.core.diagnostics``; a model whose gate gets no task gradient at any logged
+    step where it has more than one active expert raises RuntimeError (run named ``desc``, model index) unless
+    ``router_frozen`` (a single active expert has probability 1 under any rule: nothing to route, nothing to learn;
+    ``active_experts`` is logged).  ``progress_bar``: a bar
+    over the steps (None: follow ``MOELAB_PROGRESS``)."""
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps={steps} and batch_size={batch_size} must be >= 1")
     docs_t = torch.as_tensor(docs, dtype=torch.long)
@@ -178,11 +195,17 @@ def train_stacked(model: StackedMoETransformer, docs: np.ndarray, *, steps: int,
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
     rows = []
     model.train()
+    bar = progress.bar(total=steps, desc=desc, unit="step", disable=None if progress_bar is None else not progress_bar)
     for step in range(steps):
         batch = docs_t[rng.integers(0, len(docs_t), batch_size)]
         logits = model(batch[:, :-1])
         per_model = _nll(logits, batch).mean(1)                     # [M]
         loss = per_model.sum()
+        logged = step % log_every == 0 or step == steps - 1
+        if logged:   # task gradient of each gate: models are independent, so d(sum_m CE_m)/dW_g[m] = dCE_m/dW_g[m]
+            g_gate = diagnostics.router_grads(loss, {"gate": [model.gate]})["gate"][0]          # [M, E, d]
+            router_norms = g_gate.flatten(1).double().norm(dim=1).tolist()
+            n_active = model.active.sum(1).tolist()
         if aux_loss is not None:
             loss = loss + aux_loss(step, model)
         opt.zero_grad(set_to_none=False)
@@ -194,10 +217,17 @@ def train_stacked(model: StackedMoETransformer, docs: np.ndarray, *, steps: int,
         sched.step()
         if after_step is not None:
             after_step(step, model)
-        if step % log_every == 0 or step == steps - 1:
+        bar.update(1)
+        if logged:
             pl = per_model.detach().tolist()
-            rows += [dict(step=step, model=m, loss=pl[m]) for m in range(model.M)]
-    return pd.DataFrame(rows)
+            rows += [dict(step=step, model=m, loss=pl[m], router_grad_norm=router_norms[m], active_experts=n_active[m],
+                          router_frozen=router_frozen) for m in range(model.M)]
+    bar.close()
+    hist = pd.DataFrame(rows)
+    routed = hist[hist.active_experts > 1]
+    diagnostics.check_router_learns({f"model {m}": g.router_grad_norm for m, g in routed.groupby("model")}, run=desc,
+                                    router_frozen=router_frozen)
+    return hist
 
 
 @torch.no_grad()
@@ -538,20 +568,6 @@ def frontier(df: pd.DataFrame, x: str = "num_experts", y: str = "test_loss") -> 
     return df.loc[df.groupby(x)[y].idxmin()].sort_values(x).reset_index(drop=True)
 
 
-def elbow_max_chord(x, y) -> float:
-    """Knee of a decreasing convex curve: the point farthest from the chord joining its ends, after scaling both
-    axes to [0, 1] (the Kneedle difference-curve rule; hand-written because kneed is not installed)."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    if len(x) < 3 or len(x) != len(y):
-        raise ValueError(f"need >= 3 points of equal length, got {len(x)} and {len(y)}")
-    xs = (x - x.min()) / max(np.ptp(x), 1e-12)
-    ys = (y - y.min()) / max(np.ptp(y), 1e-12)
-    # distance to the chord from (xs0, ys0) to (xs-1, ys-1)
-    dx, dy = xs[-1] - xs[0], ys[-1] - ys[0]
-    dist = np.abs(dy * (xs - xs[0]) - dx * (ys - ys[0])) / max(math.hypot(dx, dy), 1e-12)
-    return float(x[int(np.argmax(dist))])
-
-
 def routing_jsd(weights: np.ndarray, groups: np.ndarray, n_groups: int) -> np.ndarray:
     """Pairwise JSD (base 2, in [0, 1]) between the average routing distributions of groups (MASS Sec. 4.3):
     P_a = mean_{t in a} w_t;  JSD(P_a||P_b) = 1/2 KL(P_a||M) + 1/2 KL(P_b||M),  M = (P_a+P_b)/2.
@@ -563,10 +579,7 @@ def routing_jsd(weights: np.ndarray, groups: np.ndarray, n_groups: int) -> np.nd
     out = []
     for i in range(len(P)):
         for j in range(i + 1, len(P)):
-            a, b = P[i] / P[i].sum(), P[j] / P[j].sum()
-            mid = (a + b) / 2
-            kl = lambda p, q: float(np.sum(np.where(p > 0, p * np.log2(np.where(p > 0, p, 1) / np.where(q > 0, q, 1)), 0)))
-            out.append(0.5 * kl(a, mid) + 0.5 * kl(b, mid))
+            out.append(jensen_shannon(np.stack([P[i], P[j]])))          # moelab.stats (issue 18, item 7)
     return np.asarray(out)
 
 
@@ -612,12 +625,13 @@ def run_naive(setup: SynthSetup, configs: list[tuple[int, int, int]], keep_routi
         idx_by_bucket.setdefault(_bucket(E), []).append(i)
     items = np.zeros((len(configs), setup.n_test))
     hists, routing = [], {}
-    for slots, idx in sorted(idx_by_bucket.items()):
+    for slots, idx in progress.bar(sorted(idx_by_bucket.items()), desc="naive grid (stacked by slots)", unit="stack"):
         cf = [configs[i] for i in idx]
         model = StackedMoETransformer(len(cf), g.cfg.n_symbols, setup.d_model, setup.n_heads, setup.seq_len, slots,
                                       num_experts=[c[0] for c in cf], top_k=[c[1] for c in cf],
                                       seeds=[1000 * c[2] + 17 * c[0] + c[1] for c in cf])
-        h = train_stacked(model, train, steps=setup.steps, batch_size=setup.batch_size, lr=setup.lr, seed=setup.data_seed)
+        h = train_stacked(model, train, steps=setup.steps, batch_size=setup.batch_size, lr=setup.lr, seed=setup.data_seed,
+                          desc=f"naive {len(cf)} models, {slots} slots")
         h[["num_experts", "top_k", "seed"]] = np.asarray(cf)[h.model.to_numpy()]
         hists.append(h.drop(columns="model"))
         items[idx] = eval_per_sequence(model, test["tokens"])
@@ -641,7 +655,8 @@ def run_mass(setup: SynthSetup, mass_cfg: MassConfig, seeds, init_experts: int =
                                   seeds=[5000 + 1000 * s for s in seeds])
     ex = MassExpander(mass_cfg, R)
     hist = train_stacked(model, train, steps=setup.steps, batch_size=setup.batch_size, lr=setup.lr,
-                         seed=setup.data_seed, aux_loss=ex.redundancy_loss, after_backward=ex.after_backward)
+                         seed=setup.data_seed, aux_loss=ex.redundancy_loss, after_backward=ex.after_backward,
+                         desc=f"MASS {R} runs")
     items = eval_per_sequence(model, test["tokens"])
     w = collect_routing(model, test["tokens"])                          # [R, N, E]
     table = pd.DataFrame(dict(seed=list(seeds), final_experts=model.active.sum(1).numpy(),
@@ -774,7 +789,7 @@ def load_glue_task(glue_dir, task: str, split: str = "train") -> pd.DataFrame:
     path = Path(glue_dir) / folder / f"{name}.tsv"
     if not path.is_file():
         raise MissingAsset(f"GLUE/{folder}", f"{path} not found (pass GLUE_DIR: the official GLUE data folder)",
-                           command="download GLUE yourself and pass its folder as GLUE_DIR")
+                           command=paper_input_hint("04", "GLUE_DIR", "the official GLUE data folder"))
     if cols is None:       # CoLA: no header; columns source, label, original label, sentence
         rows = list(csv.reader(path.open(encoding="utf-8"), delimiter="\t", quoting=csv.QUOTE_NONE))
         return pd.DataFrame(dict(text_a=[r[3] for r in rows], text_b="", label=[r[1] for r in rows]))
@@ -791,7 +806,7 @@ def bert_large_path(path) -> "Path":
     p = Path(path) if path else None
     if p is None or not (p / "config.json").is_file():
         raise MissingAsset("bert-large", f"no config.json under {p} (pass MODEL_PATH: a local bert-large folder)",
-                           command="copy bert-large-uncased (HF format) locally and pass MODEL_PATH")
+                           command=paper_input_hint("04", "MODEL_PATH", "a local bert-large-uncased folder (HF format)"))
     return p
 
 
@@ -1031,7 +1046,7 @@ def _build_glue_model(n_labels: int, method: str, cfg: GlueStandinConfig, seed: 
     bert.train()
     kw = dict(cosine=dict(num_experts=cfg.cosine_experts, top_k=cfg.cosine_top_k, router="cosine", renormalize=True),
               dynmoe=dict(num_experts=cfg.max_experts, top_k=1, router="topany", num_active=cfg.init_experts),
-              mass=dict(num_experts=cfg.max_experts, top_k=1, router="top_p", top_p=cfg.top_p, renormalize=True,
+              mass=dict(num_experts=cfg.max_experts, top_k=1, router="top_p", top_p=cfg.top_p, renormalize="mass_batch",
                         num_active=cfg.init_experts))[method]
     moeify(bert, [cfg.layer], init="sparse", **kw)
     model = MiniLMClassifier(bert, n_labels)
@@ -1073,7 +1088,8 @@ def glue_standin(task: dict, method: str, seed: int, cfg: GlueStandinConfig, nam
         if mass_ex is not None:
             loss = loss + mass_ex.redundancy_loss(state.get("step", 0))  # + L_red while expanding
         state["step"] = state.get("step", 0) + 1
-        return loss, dict(ce=ce.detach(), pool=float(layer.active_mask.sum()))
+        # task_loss: CE alone, whose router gradient the trainer logs (issue 15, item 1)
+        return loss, dict(ce=ce.detach(), pool=float(layer.active_mask.sum()), task_loss=ce)
 
     @torch.no_grad()
     def batch_nll(masked):                                               # MASS stopping test (eval mode: no dropout)
@@ -1126,7 +1142,7 @@ def glue_standin(task: dict, method: str, seed: int, cfg: GlueStandinConfig, nam
     loader = DataLoader(list(task["train"]), batch_size=cfg.batch_size, shuffle=True, collate_fn=encode, generator=g,
                         drop_last=len(task["train"]) > cfg.batch_size)
     tcfg = mtrain.TrainConfig(lr=cfg.lr, steps=cfg.steps, seed=seed, eval_every=cfg.eval_every, warmup_frac=cfg.warmup_frac,
-                              decay="linear", device="cpu", progress=False, max_grad_norm=1.0, log_every=0,
+                              decay="linear", device="cpu", max_grad_norm=1.0, log_every=0,
                               desc=f"{name}-{method}-s{seed}")
     res = mtrain.train(model, loader, loss_fn=loss_fn, cfg=tcfg, eval_fn=eval_fn, hooks=hooks,
                        param_groups=[dict(params=old, lr=cfg.lr), dict(params=fresh, lr=cfg.lr_new)])
@@ -1154,13 +1170,12 @@ def run_glue_standin(tasks: dict, methods, seeds, cfg: GlueStandinConfig) -> tup
     if bad:
         raise ValueError(f"methods {bad} not among {GLUE_METHODS}")
     rows, items = [], []
-    for name, task in tasks.items():
-        for method in methods:
-            for seed in seeds:
-                r = glue_standin(task, method, seed, cfg, name=name)
-                rows.append(r["row"])
-                items.append(pd.DataFrame(dict(task=name, method=method, seed=seed, item=np.arange(len(r["correct"])),
-                                               correct=r["correct"])))
+    cells = [(name, method, seed) for name in tasks for method in methods for seed in seeds]
+    for name, method, seed in progress.bar(cells, desc="GLUE stand-in runs", unit="run"):
+        r = glue_standin(tasks[name], method, seed, cfg, name=name)
+        rows.append(r["row"])
+        items.append(pd.DataFrame(dict(task=name, method=method, seed=seed, item=np.arange(len(r["correct"])),
+                                       correct=r["correct"])))
     return pd.DataFrame(rows), pd.concat(items, ignore_index=True)
 
 

@@ -29,6 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from moelab import progress
+from moelab.profiles import paper_input_hint
+from moelab.stats import elbow_max_chord
+
 # ----------------------------------------------------------------------------------------------------------------------
 # 1. Sequence embeddings and clustering (§3.2, App. B, App. C)
 # ----------------------------------------------------------------------------------------------------------------------
@@ -210,7 +214,8 @@ def find_knee(ks, sse, method: str = "auto") -> dict:
     """The elbow of a decreasing convex SSE curve (App. B step 3), found automatically.
 
     ``method="chord"``: normalise k and SSE to [0, 1] and take the k farthest from the chord joining the first and last
-    points (the Kneedle idea without smoothing; written here because it is five lines). ``"kneed"``: ``kneed.KneeLocator``
+    points (the Kneedle idea without smoothing; :func:`moelab.stats.elbow_max_chord`, shared with notebook 04).
+    ``"kneed"``: ``kneed.KneeLocator``
     (convex, decreasing). ``"auto"``: kneed when installed and it finds a knee, else chord. Returns
     ``dict(k=..., method=...)`` so the notebook states which detector was used.
     """
@@ -232,12 +237,8 @@ def find_knee(ks, sse, method: str = "auto") -> dict:
         except ImportError:
             if method == "kneed":
                 raise ValueError("method='kneed' but the kneed package is not installed") from None
-    x = (ks - ks[0]) / (ks[-1] - ks[0])
-    span = sse[0] - sse[-1]
-    y = (sse - sse[-1]) / span if span > 0 else np.zeros_like(sse)
-    # distance of (x, y) to the chord from (0, 1) to (1, 0): |x + y - 1| / sqrt(2)
-    dist = np.abs(x + y - 1) / np.sqrt(2)
-    return {"k": int(ks[int(dist.argmax())]), "method": "max distance to the chord (normalised SSE curve)"}
+    # k and SSE scaled to [0, 1], the k farthest from the chord joining the ends (moelab.stats; issue 18, item 7)
+    return {"k": int(elbow_max_chord(ks, sse)), "method": "max distance to the chord (normalised SSE curve)"}
 
 
 def cluster_metrics(clusters, domains) -> dict:
@@ -473,12 +474,15 @@ class MoCEFFN(nn.Module):
         # adapters of all M*N group experts; global id g*N + n   (w_down [M*N, r, d], w_up [M*N, d, r])
         self.experts = AdapterExperts(nn.Identity(), spec.num_experts, rank=spec.rank, scale=spec.scale, act=act,
                                       d_model=d_model)
+        # PESC's softmax over the k kept logits; top-1 keeps the softmax-over-N probability (MoCE Eqs. 1-3; issue 15)
         self.router = GroupRouter(d_model, spec.num_groups, spec.experts_per_group, spec.top_k,
-                                  softmax_over="topk") if (spec.experts_per_group > 1) else None
+                                  softmax_over="topk" if spec.top_k > 1 else "all"
+                                  ) if (spec.experts_per_group > 1) else None
         if spec.num_general:
             self.general = AdapterExperts(nn.Identity(), spec.num_general, rank=spec.rank, scale=spec.scale, act=act,
                                           d_model=d_model)
-            self.general_router = LinearRouter(d_model, spec.num_general, spec.general_top_k, softmax_over="topk")
+            self.general_router = LinearRouter(d_model, spec.num_general, spec.general_top_k,
+                                               softmax_over="topk" if spec.general_top_k > 1 else "all")
         else:
             self.general, self.general_router = None, None
         self.group_ids: torch.Tensor | None = None   # [B] set by group_context
@@ -857,7 +861,9 @@ def make_loss_fn(spec: MoCESpec):
         n = (batch["labels"][:, 1:] != -100).sum().clamp_min(1)
         ce = nll.sum() / n
         loss = ce + spec.balance_coef * aux
-        return loss, {"ce": float(ce.detach()), "aux": float(aux.detach()) if torch.is_tensor(aux) else float(aux)}
+        # task_loss: the answer-token CE alone, whose router gradient the trainer logs (issue 15, item 1)
+        return loss, {"ce": float(ce.detach()), "aux": float(aux.detach()) if torch.is_tensor(aux) else float(aux),
+                      "task_loss": ce}
 
     return loss_fn
 
@@ -941,7 +947,7 @@ def train_variant(model, spec: MoCESpec, train_ex: list[dict], val_ex: list[dict
         loader = DataLoader(train_ex, batch_size=batch_size, shuffle=True, collate_fn=collate, generator=g,
                             drop_last=len(train_ex) > batch_size)
         cfg = mtrain.TrainConfig(lr=lr, steps=steps, seed=seed + rnd, eval_every=eval_every, log_every=max(1, steps // 5),
-                                 warmup_frac=warmup_frac if rnd == 0 else 0.0, device="cpu", progress=False,
+                                 warmup_frac=warmup_frac if rnd == 0 else 0.0, device="cpu",
                                  desc=f"{spec.name}-s{seed}", max_grad_norm=1.0)
         res = mtrain.train(stack, loader, loss_fn=loss_fn, cfg=cfg, eval_fn=eval_fn)
         h, e = res.history.copy(), res.eval_history.copy()
@@ -1113,7 +1119,8 @@ def load_paper_mix(paths: dict, n_per_source: int | None = None, val_frac: float
         p = paths.get(src)
         if p is None or not Path(p).is_file():
             raise MissingAsset(src, f"no local file at {p!r}",
-                               f"download {src} yourself and pass its JSON/JSONL path as DATA_PATHS['{src}']")
+                               paper_input_hint("01", "DATA_PATHS", f"a local JSON/JSONL copy of {src}; pass a dict, e.g. "
+                                            f"DATA_PATHS=\"{{'{src}': '/data/{src}.jsonl'}}\""))
         rs = _read_records(Path(p))
         rng = np.random.default_rng(seed)
         if n_per_source is not None and len(rs) > n_per_source:
@@ -1132,7 +1139,7 @@ def load_paper_model(path):
 
     if path is None or not Path(path).is_dir():
         raise MissingAsset("llama-2-7b-chat", f"no local model folder at {path!r}",
-                           "download meta-llama/Llama-2-7b-chat-hf yourself and pass MODEL_PATH")
+                           paper_input_hint("01", "MODEL_PATH", "a local folder of meta-llama/Llama-2-7b-chat-hf"))
     return load_causal_lm(path)
 
 
@@ -1142,7 +1149,7 @@ def paper_encoder_path(path):
 
     if path is None or not Path(path).is_dir():
         raise MissingAsset("e5-large-v2", f"no local encoder folder at {path!r}",
-                           "download intfloat/e5-large-v2 yourself and pass ENCODER_PATH")
+                           paper_input_hint("01", "ENCODER_PATH", "a local folder of intfloat/e5-large-v2"))
     return str(path)
 
 
@@ -1498,7 +1505,7 @@ def train_runs(model, runs: list[dict], train_ex: list[dict], val_ex: list[dict]
     from moelab import cache
 
     out = []
-    for r in runs:
+    for r in progress.bar(runs, desc="01 training runs", unit="run"):
         spec = variant_spec(r["variant"], r["M"], r["N"], rank=cfg["rank"], top_k=r["top_k"])
         spec = MoCESpec(**{**asdict(spec), "name": r["label"]})
         g_tr, g_va = groups_by_k[r["k_clusters"]]
@@ -1542,7 +1549,7 @@ def evaluate_runs(model, tok, results: list[VariantResult | None], test_items: l
     start = min(layers)
     memo = None
     labels = list(labels) if labels is not None else [None] * len(results)
-    for res, lab in zip(results, labels):
+    for res, lab in progress.bar(list(zip(results, labels)), desc="01 evaluated models", unit="model"):
         uninstall(model)
         if res is not None:
             load_variant(model, res, layers)

@@ -4,10 +4,19 @@ A notebook's derived-settings cell does ``run = moelab.start_run("04_mass", prof
 saves every figure with ``run.savefig`` and every result table with ``run.save_table``; its conclusion cell records
 claims in ``run.claims`` and calls ``run.finish()``.
 
-Output directories (``run.out_dir``): ``figures/<nb>/`` for ``default``, ``figures/<nb>/full/`` and
-``figures/<nb>/paper/`` for those profiles, and a scratch directory under the git-ignored ``runs/smoke/`` for ``smoke``
-(smoke runs never write over committed figures). ``MOELAB_FIGURES`` overrides the figures root (tests use it).
-Each output directory keeps a ``manifest.json``; ``figures/INDEX.md`` is regenerated from all manifests.
+Where outputs go (JupyterLab/runner issue, item 2):
+
+- **Scratch** (the default for every interactive run, always for ``smoke``): ``runs/scratch/<profile>/<nb>/``
+  (git-ignored; ``MOELAB_SCRATCH`` overrides the root). Running cells in JupyterLab never touches ``figures/``.
+- **Published** (``make figures``, the runner without ``--scratch``, or ``start_run(..., publish=True)``; the runner
+  sets ``MOELAB_PUBLISH=1`` for its kernels): ``figures/<nb>/`` for ``default``, ``figures/<nb>/full/`` and
+  ``figures/<nb>/paper/`` for those profiles. A published run writes into a hidden staging folder beside its target
+  and swaps it in by renames only when :meth:`NotebookRun.finish` succeeds, so a failed or killed run never leaves a
+  folder half old, half new (and a failed paper run leaves no empty ``paper/``). Publishing ``default`` keeps the
+  ``full/`` and ``paper/`` subfolders; publishing ``full`` or ``paper`` leaves the default files alone.
+
+``MOELAB_FIGURES`` overrides the figures root (tests use it). Each output directory keeps a ``manifest.json``;
+``INDEX.md`` at the figures (or scratch) root is regenerated from all manifests.
 """
 from __future__ import annotations
 
@@ -16,12 +25,14 @@ import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from moelab.claims import ClaimSet
+from moelab.claims import frame as claims_frame
+from moelab.claims import rebuild as claims_rebuild
 from moelab.profiles import check_profile
 from moelab.seed import seed_everything
 
@@ -36,18 +47,104 @@ def figures_root() -> Path:
     return Path(os.environ.get("MOELAB_FIGURES") or REPO_ROOT / "figures")
 
 
-def index_root(profile: str) -> Path:
-    """The root whose INDEX.md lists a profile's outputs: the scratch root for smoke, else ``figures/``."""
+def scratch_root() -> Path:
+    """Root of unpublished outputs: ``$MOELAB_SCRATCH`` (``$MOELAB_SMOKE_DIR`` is accepted too) or ``runs/scratch``."""
+    env = os.environ.get("MOELAB_SCRATCH") or os.environ.get("MOELAB_SMOKE_DIR")
+    return Path(env) if env else REPO_ROOT / "runs" / "scratch"
+
+
+def publish_requested(publish=None, profile: str = "default") -> bool:
+    """Whether a run publishes into ``figures/``: ``publish`` if given, else ``$MOELAB_PUBLISH`` (set by the runner).
+    ``smoke`` never publishes."""
     check_profile(profile)
-    if profile == "smoke":
-        return Path(os.environ.get("MOELAB_SMOKE_DIR") or REPO_ROOT / "runs" / "smoke" / "figures")
-    return figures_root()
+    if publish is None:
+        publish = os.environ.get("MOELAB_PUBLISH", "0").strip().lower() in ("1", "true", "yes")
+    if publish and profile == "smoke":
+        raise ValueError("the smoke profile is never published (it is a quick check, not a result); "
+                         "use PROFILE='default' (or 'full'/'paper') to publish, or publish=False")
+    return bool(publish)
 
 
-def output_dir(notebook: str, profile: str) -> Path:
-    """Where a notebook's figures, tables and claims go for ``profile``."""
-    base = index_root(profile) / notebook
-    return base if profile in ("smoke", "default") else base / profile
+def index_root(profile: str, publish: bool = True) -> Path:
+    """The root whose INDEX.md lists a profile's outputs: ``figures/`` when published, else the scratch root of
+    that profile."""
+    check_profile(profile)
+    if publish and profile != "smoke":
+        return figures_root()
+    return scratch_root() / profile
+
+
+def output_dir(notebook: str, profile: str, publish: bool = True) -> Path:
+    """Where a notebook's figures, tables and claims end up for ``profile`` (published or scratch)."""
+    if not (publish and profile != "smoke"):
+        return index_root(profile, publish=False) / notebook
+    base = figures_root() / notebook
+    return base if profile == "default" else base / profile
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, e.g. a killed kernel nobody reaped, counts as dead)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+_STAGE_RE = re.compile(r"^\.(?P<name>.+)\.(?P<what>staging|old)-(?P<pid>\d+)$")
+
+
+def _keep_subdirs(profile: str) -> tuple[str, ...]:
+    """Subfolders of a published folder that belong to other profiles (kept when this one is replaced)."""
+    return ("full", "paper") if profile == "default" else ()
+
+
+def recover_published(final: Path, profile: str) -> None:
+    """Finish or undo a swap that a killed process left half done, and remove staging folders of dead processes.
+
+    The swap (:func:`publish_dir`) is: rename ``final`` -> ``.<name>.old-<pid>``; move the other profiles' subfolders
+    from there into the staging folder; rename staging -> ``final``; delete the old folder. Every intermediate state
+    is recognised here: if ``final`` is missing but an old folder exists, the old one (with the subfolders moved back
+    from staging) is restored.
+    """
+    parent, name = final.parent, final.name
+    if not parent.is_dir():
+        return
+    for p in sorted(parent.iterdir()):
+        m = _STAGE_RE.match(p.name)
+        if not m or m["name"] != name or _pid_alive(int(m["pid"])) and int(m["pid"]) != os.getpid():
+            continue
+        if m["what"] == "old":
+            if not final.exists():      # killed between the renames: put the old folder back
+                staging = parent / f".{name}.staging-{m['pid']}"
+                for sub in _keep_subdirs(profile):
+                    if (staging / sub).exists() and not (p / sub).exists():
+                        os.replace(staging / sub, p / sub)
+                os.replace(p, final)
+            else:
+                shutil.rmtree(p, ignore_errors=True)
+    for p in sorted(parent.iterdir()):     # staging folders of dead (or this) processes: a run that never finished
+        m = _STAGE_RE.match(p.name)
+        if m and m["name"] == name and m["what"] == "staging" and (
+                not _pid_alive(int(m["pid"])) or int(m["pid"]) == os.getpid()):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def publish_dir(staging: Path, final: Path, profile: str) -> None:
+    """Replace ``final`` by ``staging`` with renames, keeping the other profiles' subfolders of ``final``."""
+    old = final.parent / f".{final.name}.old-{os.getpid()}"
+    if final.exists():
+        os.replace(final, old)
+        for sub in _keep_subdirs(profile):
+            if (old / sub).exists():
+                os.replace(old / sub, staging / sub)
+    os.replace(staging, final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def git_commit() -> str:
@@ -110,22 +207,27 @@ def source_hashes(notebook: str) -> dict:
 class NotebookRun:
     """Seeds, output directory, figure/table helpers, claims and provenance for one notebook execution."""
 
-    def __init__(self, notebook: str, profile: str, seed: int = 0, seeds=None):
+    def __init__(self, notebook: str, profile: str, seed: int = 0, seeds=None, publish: bool | None = None):
         if not re.match(r"^\d\d_[a-z0-9_]+$", notebook or ""):
             raise ValueError(f"notebook name must look like '04_mass', got {notebook!r}")
         self.notebook = notebook
         self.profile = check_profile(profile)
+        self.publish = publish_requested(publish, profile)
         self.seed = seed_everything(seed)
         self.seeds = list(seeds) if seeds is not None else [seed]
-        self.out_dir = output_dir(notebook, profile)
+        self.final_dir = output_dir(notebook, profile, self.publish)
+        if self.publish:   # write into a staging folder; finish() swaps it in
+            recover_published(self.final_dir, profile)
+            self.out_dir = self.final_dir.parent / f".{self.final_dir.name}.staging-{os.getpid()}"
+        else:              # scratch: start from an empty folder so no earlier output mixes in
+            self.out_dir = self.final_dir
+            shutil.rmtree(self.out_dir, ignore_errors=True)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        # a run in progress is not current: the runner's resume check must not skip it if it fails midway
-        (self.out_dir / "provenance.json").unlink(missing_ok=True)
-        self.claims = ClaimSet(seed=seed)
         self.t0 = time.time()
         self._manifest_path = self.out_dir / "manifest.json"
         self._entries: dict[str, dict] = {}
         self._extra: dict = {}
+        self.finished = False
 
     # ---- provenance ----
     def provenance(self) -> dict:
@@ -161,7 +263,8 @@ class NotebookRun:
         old.update(self._entries)
         self._manifest_path.write_text(json.dumps({"notebook": self.notebook, "profile": self.profile,
                                                    "entries": old}, indent=1))
-        write_index(index_root(self.profile))
+        if not self.publish:   # a published run's index is written when it is swapped in
+            write_index(index_root(self.profile, publish=False))
 
     # ---- outputs ----
     def savefig(self, fig, fig_id: str, slug: str, caption: str = "", dpi: int = 130):
@@ -194,14 +297,24 @@ class NotebookRun:
         return path
 
     def finish(self):
-        """Write ``claims.json`` and ``provenance.json`` (commit, versions, seeds, profile, hardware, wall time,
-        source hashes); return the claims as a DataFrame."""
+        """Write ``provenance.json`` (commit, versions, seeds, profile, hardware, wall time, source hashes), compute
+        ``claims.json`` from the saved tables with the notebook's claim definitions (:func:`moelab.claims.rebuild`),
+        publish the folder if this run publishes, and return the claims as a DataFrame."""
         prov = self.provenance()
+        prov["publish"] = self.publish
         prov["sources"] = source_hashes(self.notebook)
         (self.out_dir / "provenance.json").write_text(json.dumps(prov, indent=1, default=str))
-        self.claims.save(self.out_dir / "claims.json", prov)
-        write_index(index_root(self.profile))
-        return self.claims.frame()
+        previous = self.final_dir / "claims.json"
+        if self.publish and previous.exists():   # lets rebuild log verdict changes against the published file
+            shutil.copyfile(previous, self.out_dir / "claims.json")
+        records = claims_rebuild(self.out_dir)
+        if self.publish:
+            publish_dir(self.out_dir, self.final_dir, self.profile)
+            self.out_dir = self.final_dir
+        self._manifest_path = self.out_dir / "manifest.json"
+        write_index(index_root(self.profile, self.publish))
+        self.finished = True
+        return claims_frame(records)
 
 
 def write_index(root: Path | None = None) -> Path:
@@ -209,6 +322,8 @@ def write_index(root: Path | None = None) -> Path:
     root = Path(root) if root is not None else figures_root()
     rows = []
     for m in sorted(root.glob("**/manifest.json")):
+        if any(part.startswith(".") for part in m.relative_to(root).parts):   # staging / old folders
+            continue
         try:
             data = json.loads(m.read_text())
         except json.JSONDecodeError:

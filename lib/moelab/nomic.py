@@ -5,7 +5,7 @@ The SBA paper analyses and fine-tunes ``nomic-ai/nomic-embed-text-v2-moe``. Upst
 loaded from a *local* directory (``config.json``, ``model.safetensors`` or a sharded index, XLM-RoBERTa tokenizer files).
 Nothing is fetched from a hub.
 
-Architecture (``../shared/notes/reference-facts.md``, section "nomic-embed-text-v2-moe"):
+Architecture (``docs/reference-facts.md``, section "nomic-embed-text-v2-moe"):
 
 - embeddings: word + token-type (no learned positions), then ``emb_ln`` (LayerNorm);
 - 12 post-norm blocks: ``h = norm1(attn(x) + x)``, ``x' = norm2(mlp(h) + h)``;
@@ -34,6 +34,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from moelab.profiles import paper_input_hint
 
 QUERY_PREFIX = "search_query: "
 DOCUMENT_PREFIX = "search_document: "
@@ -481,8 +483,8 @@ def load_nomic(path, aggregation: str = "linear", device: str = "cpu", tokenizer
         from moelab.assets import MissingAsset
 
         raise MissingAsset("nomic-embed-text-v2-moe", f"no local directory at {str(path)!r} (it cannot be downloaded "
-                           "here)", "copy the model folder (config.json, model.safetensors, tokenizer files) from a "
-                           "machine with hub access and pass its path (MODEL_PATH / MOELAB_NOMIC_PATH)")
+                           "here)", paper_input_hint("02", "MODEL_PATH", "a local folder of nomic-embed-text-v2-moe (config.json, "
+                                                     "model.safetensors, tokenizer files; or set MOELAB_NOMIC_PATH)"))
     path = Path(path)
     cfg_file = path / "config.json"
     if not cfg_file.is_file():

@@ -1,27 +1,38 @@
 """Notebook runner behind ``make figures`` / ``make test`` (foundation issue, item 5).
 
-    python -m moelab.notebooks run --profile default [--only 03 [04 ...]] [--force] [--fail-fast]
+    python -m moelab.notebooks run --profile default [--only 03 [04 ...]] [--force] [--fail-fast] [--scratch]
+                                   [-p NAME=VALUE ...]
     python -m moelab.notebooks list
     python -m moelab.notebooks stale          # committed figures whose sources changed since they were produced
     python -m moelab.notebooks readme         # regenerate README's results table from the claims files
 
 Notebooks are jupytext percent ``.py`` sources in ``notebooks/``; each run converts one to ``.ipynb``, executes it with
 papermill on this interpreter's kernel (the venv's), with ``PROFILE`` and ``SEED`` injected, and stores the executed
-notebook under the git-ignored ``runs/<profile>/``. A series resumes: a notebook whose last run in this profile finished
-and whose source and imported moelab modules are unchanged (content hashes in its ``provenance.json``) is skipped
-unless ``--force``.
+notebook under the git-ignored ``runs/<profile>/``. The runner publishes (``figures/``, swapped in only when the
+notebook finishes: see :mod:`moelab.nbrun`) unless ``--scratch`` or the profile is ``smoke``; ``-p NAME=VALUE``
+(repeatable, as papermill's) passes further parameters, e.g. the paper profile's local paths:
+
+    python -m moelab.notebooks run --profile paper --only 05 -p MODEL_PATH=/models/Llama-2-7b-chat-hf
+
+A series resumes: a notebook whose last run in this profile finished and whose source and imported moelab modules are
+unchanged (content hashes in its ``provenance.json``) is skipped unless ``--force`` (or ``-p`` is given).
 """
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
 import json
 import os
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
 
-from moelab.nbrun import REPO_ROOT, figures_root, output_dir
+from moelab.cache import cache_root
+from moelab.claims import scorecard_markdown
+from moelab.nbrun import REPO_ROOT, figures_root, file_sha, git_commit, output_dir, recover_published
 from moelab.profiles import PROFILES, check_profile
 
 NB_DIR = REPO_ROOT / "notebooks"
@@ -42,8 +53,6 @@ def discover(only=None) -> list[Path]:
 
 def sources_current(prov_path: Path) -> tuple[bool, list[str]]:
     """Whether every source hashed in ``provenance.json`` still has the same content; returns (current, changed)."""
-    from moelab.nbrun import file_sha
-
     if not prov_path.exists():
         return False, ["(never run)"]
     prov = json.loads(prov_path.read_text())
@@ -67,8 +76,48 @@ def to_ipynb(src: Path, dest: Path) -> Path:
     return dest
 
 
-def run_one(src: Path, profile: str, seed: int = 0, progress: bool = True, timeout: int | None = None) -> float:
-    """Execute one notebook; returns its wall time. Raises ``papermill.PapermillExecutionError`` if a cell fails."""
+RESERVED = {"PROFILE": "--profile", "SEED": "--seed"}
+
+
+def parse_params(items) -> dict:
+    """``["MODEL_PATH=/m", "STEPS=50"]`` -> ``{"MODEL_PATH": "/m", "STEPS": 50}`` (values read as Python literals when
+    they are one, else kept as strings), as papermill's ``-p NAME VALUE``."""
+    out = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not name.isidentifier():
+            raise ValueError(f"-p takes NAME=VALUE with NAME a Python identifier, got {item!r} "
+                             f"(e.g. -p MODEL_PATH=/models/llama)")
+        if name in RESERVED:
+            raise ValueError(f"-p {name}=... is not allowed: use {RESERVED[name]} instead")
+        try:
+            out[name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[name] = value
+    return out
+
+
+@contextlib.contextmanager
+def _env(**values):
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update({k: str(v) for k, v in values.items()})
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run_one(src: Path, profile: str, seed: int = 0, progress: bool = True, timeout: int | None = None,
+            publish: bool = True, params: dict | None = None) -> float:
+    """Execute one notebook; returns its wall time. Raises ``papermill.PapermillExecutionError`` if a cell fails.
+
+    ``publish`` is passed to the kernel as ``MOELAB_PUBLISH`` (``NotebookRun`` reads it); with ``progress`` the
+    kernel's output (progress bars included) is forwarded to this terminal."""
     import papermill as pm
 
     out_dir = RUNS / profile
@@ -76,9 +125,19 @@ def run_one(src: Path, profile: str, seed: int = 0, progress: bool = True, timeo
     out = out_dir / f"{src.stem}.ipynb"
     work = out_dir / "work"
     work.mkdir(parents=True, exist_ok=True)
+    publish = publish and profile != "smoke"
     t0 = time.time()
-    pm.execute_notebook(str(inp), str(out), parameters={"PROFILE": profile, "SEED": seed}, kernel_name="python3",
-                        progress_bar=progress, cwd=str(work), execution_timeout=timeout)
+    # with progress, the kernel's stdout/stderr (moelab's text progress bars: MOELAB_PROGRESS=text) are forwarded to
+    # this terminal; papermill's own per-cell bar is off so the two do not overwrite each other
+    stream = dict(stdout_file=sys.stdout, stderr_file=sys.stderr) if progress else {}
+    with _env(MOELAB_PUBLISH=int(publish), MOELAB_PROGRESS="text" if progress else "0"):
+        try:
+            pm.execute_notebook(str(inp), str(out), parameters={"PROFILE": profile, "SEED": seed, **(params or {})},
+                                kernel_name="python3", progress_bar=False, cwd=str(work),
+                                execution_timeout=timeout, **stream)
+        finally:
+            if publish:   # a failed run leaves its staging folder behind: remove it, keep the published one
+                recover_published(output_dir(src.stem, profile, True), profile)
     return time.time() - t0
 
 
@@ -89,22 +148,27 @@ def cmd_run(a) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("MPLBACKEND", "Agg")
+    params = parse_params(a.param)
+    publish = not a.scratch and a.profile != "smoke"
     nbs = discover(a.only)
     if not nbs:
         print("no notebooks found in notebooks/")
         return 0
+    where = "publishing into figures/" if publish else f"scratch outputs in {output_dir('NN', a.profile, False).parent}"
+    print(f"profile {a.profile}: {where}" + (f"; parameters {params}" if params else ""), flush=True)
     results, failed = [], []
     for i, src in enumerate(nbs, 1):
-        prov = output_dir(src.stem, a.profile) / "provenance.json"
+        prov = output_dir(src.stem, a.profile, publish) / "provenance.json"
         current, _ = sources_current(prov)
-        if current and not a.force:
+        if current and not a.force and not params:
             print(f"[{i}/{len(nbs)}] {src.stem}: up to date for profile {a.profile} (skip; --force reruns)", flush=True)
             results.append((src.stem, "skipped", 0.0))
             continue
         print(f"[{i}/{len(nbs)}] {src.stem}: running profile {a.profile} ...", flush=True)
         t0 = time.time()
         try:
-            wall = run_one(src, a.profile, seed=a.seed, progress=not a.no_progress, timeout=a.cell_timeout)
+            wall = run_one(src, a.profile, seed=a.seed, progress=not a.no_progress, timeout=a.cell_timeout,
+                           publish=publish, params=params)
             results.append((src.stem, "ok", wall))
             print(f"[{i}/{len(nbs)}] {src.stem}: ok in {wall:.0f} s", flush=True)
         except Exception as e:  # noqa: BLE001 - report every failure, then exit non-zero
@@ -119,7 +183,7 @@ def cmd_run(a) -> int:
     for name, st, wall in results:
         print(f"{name:32s} {st:9s} {wall:7.0f} s")
     print(f"executed notebooks: {RUNS / a.profile}")
-    if a.profile != "smoke" and not failed:
+    if publish and not failed:
         write_readme_results()
     return 1 if failed else 0
 
@@ -148,19 +212,8 @@ def cmd_stale(a) -> int:
 
 
 def results_table() -> str:
-    """Markdown table of every claim in figures/**/claims.json (default and full)."""
-    lines = ["| notebook | profile | claim | paper | ours [95% CI] | verdict |", "|---|---|---|---|---|---|"]
-    for f in sorted(figures_root().glob("**/claims.json")):
-        data = json.loads(f.read_text())
-        prov = data.get("provenance", {})
-        for c in data.get("claims", []):
-            ours = "" if c.get("ours") is None else f"{c['ours']:.4g}"
-            if c.get("ci_low") is not None:
-                ours += f" [{c['ci_low']:.4g}, {c['ci_high']:.4g}]"
-            claim = c["claim"].replace("|", "/")
-            lines.append(f"| {prov.get('notebook', f.parent.name)} | {prov.get('profile', '')} | {claim} | "
-                         f"{str(c.get('paper', '')).replace('|', '/')} | {ours} | {c['verdict']} |")
-    return "\n".join(lines)
+    """The README's scorecard: verdict counts per notebook, then one row per claim (see docs/CLAIMS.md)."""
+    return scorecard_markdown(figures_root())
 
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
@@ -178,17 +231,134 @@ def write_readme_results(readme: Path = REPO_ROOT / "README.md") -> bool:
     return True
 
 
+# ---------------------------------------------------------------- make verify (shared-code issue, item 4)
+VERIFY = REPO_ROOT / "runs" / "verify"
+VERIFY_DOCS = REPO_ROOT / "docs" / "verify"
+FLOAT_TOL = 1e-3   # relative tolerance for numbers without an interval (deterministic by construction)
+
+
+def cold_cache(root: Path, real: Path) -> Path:
+    """A cache root with every entry of the real cache linked in except ``artifacts/`` (trained models, hidden
+    states, memoised results), which starts empty: a rerun from it recomputes everything but reuses the installed
+    assets."""
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    for entry in sorted(real.iterdir()) if real.is_dir() else []:
+        if entry.name != "artifacts" and not entry.name.startswith("."):
+            (root / entry.name).symlink_to(entry.resolve(), target_is_directory=entry.is_dir())
+    return root
+
+
+def compare_claims(committed: dict, fresh: dict) -> list[dict]:
+    """One row per claim: committed vs fresh verdict and number; ``status`` is ``ok``, ``flipped`` (verdict differs),
+    ``outside`` (the fresh number lies outside the committed 95% interval, or beyond ``FLOAT_TOL`` relative where
+    there is no interval), ``missing`` or ``new``."""
+    def key(c):
+        return c.get("id") or c["claim"]
+
+    old = {key(c): c for c in committed.get("claims", [])}
+    new = {key(c): c for c in fresh.get("claims", [])}
+    rows = []
+    for k in list(old) + [k for k in new if k not in old]:
+        a, b = old.get(k), new.get(k)
+        row = {"claim": k, "committed": a and a["verdict"], "fresh": b and b["verdict"],
+               "committed_ours": a and a.get("ours"), "fresh_ours": b and b.get("ours"),
+               "ci": a and (a.get("ci_low"), a.get("ci_high"))}
+        if a is None or b is None:
+            row["status"] = "new" if a is None else "missing"
+        elif a["verdict"] != b["verdict"]:
+            row["status"] = "flipped"
+        else:
+            x, lo, hi, y = a.get("ours"), a.get("ci_low"), a.get("ci_high"), b.get("ours")
+            if x is None or y is None:
+                ok = x is None and y is None
+            elif lo is not None and hi is not None:
+                ok = lo <= y <= hi
+            else:
+                ok = abs(y - x) <= FLOAT_TOL * max(1.0, abs(x))
+            row["status"] = "ok" if ok else "outside"
+        rows.append(row)
+    return rows
+
+
+def _fmt(v):
+    return "" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def verify_report(nb: str, profile: str, rows: list[dict], commit: str) -> str:
+    bad = [r for r in rows if r["status"] != "ok"]
+    lines = [f"# make verify: {nb} ({profile})", "",
+             f"Cold rerun (empty artifact cache, scratch outputs) at commit {commit}, compared with the committed "
+             f"`claims.json`: {len(rows) - len(bad)} of {len(rows)} claims agree"
+             + (f"; {len(bad)} differ." if bad else "."), "",
+             "| claim | committed verdict | fresh verdict | committed ours [95% CI] | fresh ours | status |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        ci = r["ci"] or (None, None)
+        ci_txt = f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci[0] is not None else ""
+        lines.append(f"| {r['claim']} | {_fmt(r['committed'])} | {_fmt(r['fresh'])} | "
+                     f"{_fmt(r['committed_ours'])}{ci_txt} | {_fmt(r['fresh_ours'])} | {r['status']} |")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_verify(a) -> int:
+    """Rerun notebooks cold into the scratch folder and compare their claims with the committed ones."""
+    check_profile(a.profile)
+    if a.profile == "smoke":
+        raise ValueError("verify compares with published results; smoke is never published: use --profile default")
+    nbs = discover(a.only)
+    real_cache = cache_root()
+    status = 0
+    for src in nbs:
+        committed_path = output_dir(src.stem, a.profile, True) / "claims.json"
+        if not committed_path.exists():
+            print(f"{src.stem}: no committed {committed_path.relative_to(REPO_ROOT)}; nothing to verify against")
+            status = 1
+            continue
+        work = VERIFY / src.stem
+        cache = cold_cache(work / "cache", real_cache)
+        with _env(MOELAB_CACHE=cache, MOELAB_SCRATCH=work / "scratch"):
+            print(f"{src.stem}: cold rerun of profile {a.profile} (artifact cache {cache} empty) ...", flush=True)
+            try:
+                wall = run_one(src, a.profile, seed=a.seed, progress=not a.no_progress, publish=False)
+            except Exception as e:  # noqa: BLE001 - a failing notebook fails verify
+                print(f"{src.stem}: FAILED: {str(e).strip().splitlines()[-1:]}")
+                status = 1
+                continue
+            fresh_path = output_dir(src.stem, a.profile, False) / "claims.json"
+            fresh = json.loads(fresh_path.read_text())
+        rows = compare_claims(json.loads(committed_path.read_text()), fresh)
+        report = verify_report(src.stem, a.profile, rows, git_commit())
+        VERIFY_DOCS.mkdir(parents=True, exist_ok=True)
+        suffix = "" if a.profile == "default" else f"-{a.profile}"
+        (VERIFY_DOCS / f"{src.stem}{suffix}.md").write_text(report)
+        print(report, flush=True)
+        print(f"{src.stem}: cold rerun {wall:.0f} s; report in docs/verify/{src.stem}{suffix}.md", flush=True)
+        if any(r["status"] != "ok" for r in rows):
+            status = 1
+    return status
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m moelab.notebooks", description="Run the notebook series.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="execute notebooks with papermill")
     r.add_argument("--profile", default="default", help=f"one of {PROFILES}")
-    r.add_argument("--only", nargs="*", help="notebook numbers or names (e.g. 03 04_mass)")
+    r.add_argument("--only", nargs="+", metavar="NB", help="notebook numbers or names (e.g. 03 04_mass)")
+    r.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="a notebook parameter (repeatable), e.g. -p MODEL_PATH=/models/llama")
+    r.add_argument("--scratch", action="store_true",
+                   help="write outputs to the scratch folder (runs/scratch) instead of publishing into figures/")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--force", action="store_true", help="rerun notebooks whose outputs are current")
     r.add_argument("--fail-fast", action="store_true")
     r.add_argument("--no-progress", action="store_true")
     r.add_argument("--cell-timeout", type=int, default=None, help="seconds per cell (default: none)")
+    v = sub.add_parser("verify", help="rerun notebooks with an empty artifact cache into scratch and compare claims")
+    v.add_argument("--profile", default="default", help="default, full or paper")
+    v.add_argument("--only", nargs="+", metavar="NB", help="notebook numbers or names (e.g. 00)")
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--no-progress", action="store_true")
     sub.add_parser("list")
     sub.add_parser("stale")
     sub.add_parser("readme")
@@ -196,6 +366,12 @@ def main(argv=None) -> int:
     if a.cmd == "run":
         try:
             return cmd_run(a)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    if a.cmd == "verify":
+        try:
+            return cmd_verify(a)
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -32,3 +32,15 @@ def select(profile: str, **per_profile):
     if missing:
         raise ValueError(f"select() needs a setting for every profile; missing {missing}")
     return per_profile[profile]
+
+
+def paper_input_hint(notebook: str, param: str, what: str) -> str:
+    """How to give a paper-profile notebook a local input it cannot download: the instruction every paper loader's
+    ``MissingAsset`` carries (JupyterLab/runner issue, item 5).
+
+    ``paper_input_hint("05", "MODEL_PATH", "a local Hugging Face folder of Llama-2-7b-chat")`` ->
+    "get a local Hugging Face folder of Llama-2-7b-chat, then pass it: python -m moelab.notebooks run --profile paper
+    --only 05 -p MODEL_PATH=<path> (or set MODEL_PATH in the notebook's parameters cell)".
+    """
+    return (f"get {what} (it cannot be downloaded here), then pass it: python -m moelab.notebooks run --profile paper "
+            f"--only {notebook} -p {param}=<path>  (or set {param} in the notebook's parameters cell)")

@@ -26,6 +26,13 @@ import numpy as np
 import pandas as pd
 import torch
 
+# shared with notebook 03 through the core, not imported from moelab.cluster_upcycling (issue 21, item 0);
+# expert_similarity and jensen_shannon are re-exported here (the JSD also backs routing_jsd below)
+from moelab.core.cluster_init import ClusterAwareInit
+from moelab.core.similarity import expert_similarity
+from moelab.profiles import paper_input_hint
+from moelab.stats import jensen_shannon
+
 ZERO_NORM_EPS = 1e-8
 AGGREGATIONS = ("linear", "sba", "sba_normfree", "sba_unit")
 
@@ -173,18 +180,6 @@ def summarize_geometry(geo: pd.DataFrame, by=("layer",), angle_threshold: float 
 # ----------------------------------------------------------------------------------------------------------------------
 # specialisation
 # ----------------------------------------------------------------------------------------------------------------------
-def _jsd(P: np.ndarray) -> float:
-    """Generalised Jensen–Shannon divergence (bits) of the rows of P [domains, experts] with equal weights."""
-    P = P / P.sum(axis=1, keepdims=True)
-    M = P.mean(axis=0)
-
-    def H(p):
-        p = p[p > 0]
-        return float(-(p * np.log2(p)).sum())
-
-    return H(M) - float(np.mean([H(p) for p in P]))
-
-
 def routing_jsd(counts: pd.DataFrame) -> pd.DataFrame:
     """JSD across domains of each layer's expert-usage distribution (0 = domain-blind routing; max log2(#domains)).
 
@@ -197,17 +192,9 @@ def routing_jsd(counts: pd.DataFrame) -> pd.DataFrame:
         P = d.pivot_table(index="domain", columns="expert", values="count", aggfunc="sum").fillna(0).to_numpy(float)
         if (P.sum(axis=1) == 0).any():
             raise ValueError(f"layer {layer!r}: a domain routed no tokens")
-        rows.append(dict(layer=layer, jsd_bits=_jsd(P)))
+        rows.append(dict(layer=layer, jsd_bits=jensen_shannon(P)))  # moelab.stats (issue 18, item 7)
     df = pd.DataFrame(rows)
     return pd.concat([df, pd.DataFrame([dict(layer="mean", jsd_bits=df.jsd_bits.mean())])], ignore_index=True)
-
-
-def expert_similarity(layer) -> float:
-    """Mean pairwise cosine similarity of the experts' flattened weights (1 = identical copies); the one in
-    :mod:`moelab.cluster_upcycling` (notebook 03) is reused."""
-    from moelab.cluster_upcycling import expert_similarity as _sim
-
-    return _sim(layer)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -272,8 +259,6 @@ def build_moe_minilm(renormalize: bool = True, init: str = "drop", aggregation: 
     elif init == "drop":
         init_fn = core_init.drop_init(ratio=drop_ratio, seed=seed)
     elif init == "cluster":
-        from moelab.cluster_upcycling import ClusterAwareInit
-
         if not calib_texts:
             raise ValueError("init='cluster' needs calib_texts")
         init_fn = ClusterAwareInit(seed=seed)
@@ -387,7 +372,8 @@ def mnrl_loss(model, batch, scale: float = 20.0, aux_coef: float = 0.01, embed=s
     labels = torch.arange(len(a), device=scores.device)
     ce = F_.cross_entropy(scores, labels)  # Eq. 12
     loss = ce + aux_coef * aux.to(ce.device)
-    return loss, {"mnrl": float(ce.detach()), "aux": float(aux.detach())}
+    # task_loss: the MNRL alone, whose router gradient the trainer logs (issue 15, item 1)
+    return loss, {"mnrl": float(ce.detach()), "aux": float(aux.detach()), "task_loss": ce}
 
 
 def finetune_embedder(model, train_pairs, val_pairs, *, steps: int, batch_size: int = 32, lr: float = 2e-5,
@@ -417,7 +403,7 @@ def finetune_embedder(model, train_pairs, val_pairs, *, steps: int, batch_size: 
 
     cfg = TrainConfig(lr=lr, steps=steps, warmup_frac=warmup_frac, decay="linear", weight_decay=0.01, seed=seed,
                       eval_every=eval_every, log_every=max(1, steps // 10), max_grad_norm=1.0, device="auto",
-                      progress=False, desc="mnrl", grad_accum=grad_accum)
+                      desc="mnrl", grad_accum=grad_accum)
     return train(model, loader, loss_fn=lambda m, b: mnrl_loss(m, b, aux_coef=aux_coef, embed=embed), cfg=cfg,
                  eval_fn=eval_fn)
 
@@ -441,9 +427,10 @@ def _find_split_file(path, split: str, asset: str):
     from moelab.assets import MissingAsset
 
     if path is None or not Path(path).exists():
-        raise MissingAsset(asset, f"no local copy at {str(path)!r} (hub datasets cannot be downloaded here)",
-                           f"copy the {asset} files (e.g. `{split}.jsonl.gz` or `{split}-*.parquet`) from a machine "
-                           "with hub access and pass the folder")
+        param = "NLI_PATH" if asset.startswith("all-nli") else "MTEB_PATH"
+        raise MissingAsset(asset, f"no local copy at {str(path)!r}",
+                           paper_input_hint("02", param, f"the {asset} files (e.g. `{split}.jsonl.gz` or "
+                                            f"`{split}-*.parquet`) copied from a machine with hub access"))
     p = Path(path)
     if p.is_file():
         return p
@@ -789,32 +776,3 @@ def table_one(scores: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def table_claims(claims, scores: pd.DataFrame, aggregations, paper: dict | None = None) -> list:
-    """One ``effect`` claim per benchmark and non-linear aggregation vs linear, paired over seeds (the suite reports
-    one score per benchmark and run). Returns the records."""
-    sc = _with_key(scores)
-    paper = paper or PAPER_TABLE
-    out = []
-    for agg in [a for a in aggregations if a != "linear"]:
-        for bench, d in sc.groupby("bench", sort=False):
-            a = d[d.aggregation == agg].groupby("seed").score.mean()
-            b = d[d.aggregation == "linear"].groupby("seed").score.mean()
-            common = a.index.intersection(b.index)
-            if len(common) == 0:
-                continue
-            if len(common) < 2:  # one seed: no interval over seeds, no verdict
-                out.append(claims.not_testable(f"{agg} beats linear aggregation on {bench}",
-                                               f"Table I/II: {paper.get(agg, '')}",
-                                               f"one seed only (difference {float(a[common].mean() - b[common].mean()):+.4f}); "
-                                               "the claim needs >= 2 seeds"))
-                continue
-            out.append(claims.effect(f"{agg} beats linear aggregation on {bench}",
-                                     f"Table I/II: {paper.get(agg, '')}", a[common].to_numpy(), b[common].to_numpy(),
-                                     higher_is_better=True, detail=f"per-seed scores, {len(common)} seed(s)"))
-    return out
-
-
-# the paper's Tables I/II (STSBenchmark / StackExchange / SprintDuplicate, x100): differences vs linear
-PAPER_TABLE = {"sba": "SBA 71.51/86.19/89.06 vs linear 71.18/85.66/83.66",
-               "sba_normfree": "norm-free 71.37/85.64/89.69 vs linear 71.18/85.66/83.66",
-               "sba_unit": "unit 68.35/0.00/88.19 vs linear 71.18/85.66/83.66"}

@@ -24,6 +24,17 @@ Per step: ``loss_fn`` on ``grad_accum`` micro-batches -> ``after_backward`` hook
 gradient clipping -> ``optimizer.step()`` -> ``after_step`` hook (EMA teachers) -> metrics row ->
 optional evaluation (``eval_fn`` every ``eval_every`` steps, RNG forked so evaluation never changes training) ->
 optional checkpoint.
+
+Router gradient (issue 15, item 1): at the logged steps (the first, every ``log_every``-th and the last) the gradient
+of the *task* loss w.r.t. every router (``moelab.core.diagnostics``) is taken with ``torch.autograd.grad`` before the
+step's backward pass, summed over micro-batches like the step's gradient and averaged over processes; its norm per
+router goes to the history as ``router_grad_norm/<router module>`` and the largest as ``router_grad_norm`` (NaN at the
+other steps). The task loss is ``metrics["task_loss"]`` when ``loss_fn`` returns it (a tensor attached to the graph:
+the loss without balancing or other router regularisers), else the loss itself. A run whose router gradient is zero
+at every logged step raises RuntimeError unless ``TrainConfig.router_frozen`` (recorded in the history).
+
+Progress (issue 16, item 3): a bar over the steps from :func:`moelab.progress.bar` (time left; ``progress=None``
+follows ``MOELAB_PROGRESS``).
 """
 
 from __future__ import annotations
@@ -45,6 +56,9 @@ import pandas as pd
 import torch
 from torch import nn
 
+from moelab import progress as mprogress
+from moelab.core import diagnostics
+
 __all__ = ["TrainConfig", "TrainResult", "Hooks", "train", "flattened", "EMA", "lr_factor", "latest_checkpoint",
            "unwrap"]
 
@@ -62,6 +76,9 @@ class TrainConfig:
     is the global micro-batch across processes). ``warmup_frac`` of the steps warm the learning rate up linearly
     from ``lr/warmup_steps`` to ``lr``; afterwards ``decay`` ("linear" to 0, "constant", "cosine" to 0).
     ``mixed_precision="auto"`` = bf16 on a CUDA device that supports it, else none.
+    ``progress``: a bar over the steps (None: follow ``moelab.progress.enabled()``, i.e. ``MOELAB_PROGRESS``).
+    ``router_frozen``: the model's routers are frozen on purpose; a run whose routers get no task-loss gradient
+    then does not fail (see the module docstring).
     ``ckpt_dir`` + ``ckpt_every`` > 0 write ``step_XXXXXXX`` checkpoints (the last ``keep_checkpoints`` kept);
     with ``resume=True`` a later call with the same ``ckpt_dir`` continues from the newest one.
     Weight decay applies to tensors with >= 2 dimensions only (not to biases and norms).
@@ -85,8 +102,9 @@ class TrainConfig:
     device: str = "auto"
     resume: bool = True
     keep_checkpoints: int = 2
-    progress: bool = True
+    progress: bool | None = None
     desc: str = "train"
+    router_frozen: bool = False
 
     def __post_init__(self):
         for name in ("steps", "grad_accum"):
@@ -111,6 +129,11 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.device must be one of {DEVICES}, got {self.device!r}")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise ValueError(f"TrainConfig.max_grad_norm must be > 0 or None, got {self.max_grad_norm!r}")
+        if self.progress is not None and not isinstance(self.progress, bool):
+            raise ValueError(f"TrainConfig.progress must be True, False or None (follow MOELAB_PROGRESS), "
+                             f"got {self.progress!r}")
+        if not isinstance(self.router_frozen, bool):
+            raise ValueError(f"TrainConfig.router_frozen must be True or False, got {self.router_frozen!r}")
         if self.ckpt_every and self.ckpt_dir is None:
             raise ValueError(f"TrainConfig.ckpt_every={self.ckpt_every} needs a ckpt_dir")
         self.betas = tuple(self.betas)
@@ -169,7 +192,8 @@ class Hooks:
 @dataclass
 class TrainResult:
     """What :func:`train` returns: the unwrapped ``model``, the per-step ``history`` (one row per optimiser step:
-    ``step, loss, lr`` (of the first param group), ``grad_norm`` (before clipping) and every metric ``loss_fn`` returned; vectors as ``name_0, name_1, ...``),
+    ``step, loss, lr`` (of the first param group), ``grad_norm`` (before clipping) and every metric ``loss_fn`` returned; vectors as ``name_0, name_1, ...``;
+    models with routers add ``router_grad_norm``, ``router_grad_norm/<router>`` and ``router_frozen``),
     ``eval_history`` (one row per evaluation), ``resumed_from`` (step, or 0) and ``wall_s`` (this call)."""
 
     model: nn.Module
@@ -490,7 +514,6 @@ def train(
     hooks = Hooks.coerce(hooks)
     t0 = time.perf_counter()
     from accelerate.utils import set_seed
-    from tqdm.auto import tqdm
 
     acc = _make_accelerator(cfg)
     set_seed(cfg.seed, device_specific=True)  # seed + process index: dropout differs across processes
@@ -528,8 +551,9 @@ def train(
         stream.peek()  # re-create the data position first, then the RNG as it was after that fetch
         _set_rng_state(rng_after_fetch)
 
-    bar = tqdm(total=cfg.steps, initial=start, desc=cfg.desc, dynamic_ncols=True,
-               disable=not (cfg.progress and acc.is_local_main_process))
+    show = mprogress.enabled() if cfg.progress is None else cfg.progress
+    bar = mprogress.bar(total=cfg.steps, initial=start, desc=cfg.desc, unit="step",
+                        disable=not (show and acc.is_local_main_process))
     model.train()
     params = [p for g in optimizer.param_groups for p in g["params"]]
     for step in range(start, cfg.steps):
@@ -537,6 +561,10 @@ def train(
         for g in optimizer.param_groups:
             g["lr"] = g.setdefault("initial_lr", cfg.lr) * f
         loss_sum, metric_sum = 0.0, {}
+        step1 = step + 1
+        # routers found anew at each logged step: a growing pool (MASS) replaces router parameters while training
+        routers = diagnostics.find_routers(raw) if _logged(step1, cfg) else {}
+        router_grad = {}
         for micro in range(cfg.grad_accum):
             batch = stream.next()
             sync = micro == cfg.grad_accum - 1
@@ -552,11 +580,12 @@ def train(
                                      f"{tuple(getattr(loss, 'shape', ()))}")
                 if not torch.isfinite(loss.detach()):
                     raise ValueError(f"non-finite loss {loss.item()} at step {step + 1} (micro-batch {micro})")
+                if routers:
+                    _add_router_grads(router_grad, _task_loss(loss, metrics) / cfg.grad_accum, routers)
                 acc.backward(loss / cfg.grad_accum)  # ∇ (1/G) Σ_g L_g  over G micro-batches
             loss_sum += float(loss.detach())
             for k, v in _flat_metrics(metrics).items():
                 metric_sum[k] = metric_sum.get(k, 0.0) + v
-        step1 = step + 1
         if hooks.after_backward:
             hooks.after_backward(step1, raw, optimizer)
             params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -571,6 +600,9 @@ def train(
         vals = _reduce_row(acc, names, [loss_sum / cfg.grad_accum] + [v / cfg.grad_accum for v in metric_sum.values()])
         row = {"step": step1, **dict(zip(names, vals)), "lr": optimizer.param_groups[0]["lr"], "grad_norm": grad_norm,
                "epoch": stream.epoch}
+        if routers:
+            norms = _reduce_router_grads(acc, router_grad)
+            row.update({"router_grad_norm": max(norms.values()), **{f"router_grad_norm/{k}": v for k, v in norms.items()}})
         rows.append(row)
         bar.update(1)
         if cfg.log_every and (step1 % cfg.log_every == 0 or step1 == cfg.steps):
@@ -592,10 +624,60 @@ def train(
     bar.close()
     acc.wait_for_everyone()
     model.eval()
-    result = TrainResult(model=raw, history=pd.DataFrame(rows), eval_history=pd.DataFrame(eval_rows),
+    history = pd.DataFrame(rows)
+    cols = [c for c in history.columns if c.startswith("router_grad_norm/")]
+    if cols:
+        history["router_frozen"] = cfg.router_frozen   # recorded: a frozen router is exempt from the check below
+    diagnostics.check_router_learns({c.split("/", 1)[1]: history[c] for c in cols}, run=cfg.desc,
+                                    router_frozen=cfg.router_frozen)
+    result = TrainResult(model=raw, history=history, eval_history=pd.DataFrame(eval_rows),
                          resumed_from=start, wall_s=time.perf_counter() - t0, optimizer=optimizer,
                          num_processes=acc.num_processes)
     return result
+
+
+def _logged(step1: int, cfg: TrainConfig) -> bool:
+    """Steps whose router gradient is measured: the first, every ``log_every``-th and the last (1-based)."""
+    return step1 == 1 or step1 == cfg.steps or bool(cfg.log_every and step1 % cfg.log_every == 0)
+
+
+def _task_loss(loss: torch.Tensor, metrics) -> torch.Tensor:
+    """``metrics["task_loss"]`` (the loss without balancing terms) when ``loss_fn`` returns it, else ``loss``."""
+    task = (metrics or {}).get("task_loss", loss)
+    if not (isinstance(task, torch.Tensor) and task.ndim == 0):
+        raise ValueError(f"metrics['task_loss'] must be the scalar task-loss tensor (attached to the graph, not "
+                         f"detached), got {type(task).__name__}")
+    if loss.requires_grad and not task.requires_grad:
+        raise ValueError("metrics['task_loss'] is detached from the graph; return the task-loss tensor itself "
+                         "(e.g. ce, not ce.detach()) so its router gradient can be measured")
+    return task
+
+
+def _add_router_grads(acc_grads: dict, task_loss: torch.Tensor, routers: dict) -> None:
+    """acc_grads[name] += d task_loss / d θ_name  (per parameter), summed over micro-batches like the step."""
+    for name, gs in diagnostics.router_grads(task_loss, routers).items():
+        if name in acc_grads:
+            acc_grads[name] = [a + g for a, g in zip(acc_grads[name], gs)]
+        else:
+            acc_grads[name] = gs
+
+
+def _reduce_router_grads(acc, router_grad: dict) -> dict[str, float]:
+    """Router gradient norms of the step, per router; with several processes the gradients are averaged first
+    (as DDP averages the step's gradient), so the norm matches a one-process run on the global batch."""
+    if acc.num_processes > 1 and router_grad:
+        names = list(router_grad)
+        flat = torch.cat([g.reshape(-1) for n in names for g in router_grad[n]]).to(acc.device)
+        flat = acc.reduce(flat, reduction="mean").cpu()
+        out, i = {}, 0
+        for n in names:
+            gs = []
+            for g in router_grad[n]:
+                gs.append(flat[i:i + g.numel()])
+                i += g.numel()
+            out[n] = diagnostics.grad_norm(gs)
+        return out
+    return {n: diagnostics.grad_norm(gs) for n, gs in router_grad.items()}
 
 
 def _evaluate(eval_fn, model, raw) -> dict:

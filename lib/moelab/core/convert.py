@@ -6,9 +6,14 @@ Supported FFN sites: decoder layers with a LlamaMLP-style ``mlp`` (SmolLM2, Llam
 (all-MiniLM-L6-v2: ``intermediate.dense`` -> act -> ``output.dense`` -> dropout -> LayerNorm(h + residual)). For
 BERT only the two linears' path becomes the MoE: ``intermediate`` turns into a pass-through and ``output.dense`` into
 the MoELayer, so ``output.LayerNorm`` and the residual stay as they were.
+
+transformers' layers call the FFN without the attention mask. So that padding stays out of the balancing loss
+(as in transformers' ``load_balancing_loss_func``; issue 15 item 2), ``moeify`` registers hooks on the model that
+hand the forward call's 2-D ``attention_mask`` to every MoE layer (``MoELayer.token_mask``) and clear it afterwards.
 """
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +22,9 @@ import torch
 from torch import nn
 
 from .init import BertFFN
-from .layer import MoELayer
+from .layer import MoELayer, moe_layers
 
-__all__ = ["ffn_sites", "moeify", "collect_ffn_inputs", "save_moe", "load_moe", "PassThrough"]
+__all__ = ["ffn_sites", "moeify", "collect_ffn_inputs", "save_moe", "load_moe", "PassThrough", "attach_mask_hooks"]
 
 
 class PassThrough(nn.Module):
@@ -107,10 +112,56 @@ def moeify(model: nn.Module, layers="all", num_experts: int = 8, top_k: int = 2,
         else:
             s.layer.intermediate = PassThrough()
             s.layer.output.dense = moe
+    attach_mask_hooks(model)
     record = getattr(model, "_moelab_moe", None) or {"conversions": []}
     record["conversions"].append({"layers": idx, "num_experts": num_experts, "top_k": top_k,
                                   "layer_kwargs": _jsonable(layer_kwargs)})
     model._moelab_moe = record
+    return model
+
+
+def _call_argument(model: nn.Module, name: str, args: tuple, kwargs: dict):
+    """The value of ``model.forward``'s argument ``name`` in this call (keyword or positional), or None."""
+    if name in kwargs:
+        return kwargs[name]
+    params = list(inspect.signature(model.forward).parameters)
+    if name in params and params.index(name) < len(args):
+        return args[params.index(name)]
+    return None
+
+
+def _capture_attention_mask(model: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Forward pre-hook: the call's ``attention_mask`` [B, S] -> ``token_mask`` of every MoE layer of ``model``.
+
+    With a KV cache the mask covers past + current positions while the layers see only the S current tokens
+    (those of ``input_ids`` / ``inputs_embeds``): the last S columns are theirs."""
+    mask = _call_argument(model, "attention_mask", args, kwargs)
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+            raise ValueError("a moeify'd model takes a 2-D attention_mask [B, S] (1 = real token) so that padding "
+                             f"stays out of the balancing loss; got {getattr(mask, 'shape', type(mask).__name__)}")
+        ids = _call_argument(model, "input_ids", args, kwargs)
+        if ids is None:
+            ids = _call_argument(model, "inputs_embeds", args, kwargs)
+        if isinstance(ids, torch.Tensor) and ids.dim() >= 2 and mask.shape[1] > ids.shape[1]:
+            mask = mask[:, -ids.shape[1]:]                                   # KV cache: current positions
+    for layer in moe_layers(model):
+        layer.token_mask = mask
+
+
+def _release_attention_mask(model: nn.Module, args: tuple, kwargs: dict, output) -> None:
+    """Forward hook (always called, also after an exception): clear the MoE layers' ``token_mask``."""
+    for layer in moe_layers(model):
+        layer.token_mask = None
+
+
+def attach_mask_hooks(model: nn.Module) -> nn.Module:
+    """Hand ``model``'s ``attention_mask`` to its MoE layers during each forward pass (once per model; the hooks
+    look the layers up from the module they are called on, so they survive ``copy.deepcopy``)."""
+    if not getattr(model, "_moelab_mask_hooks", False):
+        model.register_forward_pre_hook(_capture_attention_mask, with_kwargs=True)
+        model.register_forward_hook(_release_attention_mask, with_kwargs=True, always_call=True)
+        model._moelab_mask_hooks = True
     return model
 
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 __all__ = ["FFNSpec", "dense_ffn_spec", "sparse_upcycle", "noise_upcycle", "drop_upcycle", "noise_init", "drop_init",
-           "resolve_init", "BertFFN"]
+           "resolve_init", "BertFFN", "stacked_experts"]
 
 
 @dataclass
@@ -91,6 +91,16 @@ def dense_ffn_spec(ffn: nn.Module) -> FFNSpec:
         return FFNSpec(ffn[0].weight, ffn[2].weight, ffn[0].bias, ffn[2].bias, _act_name(ffn[1], False))
     raise ValueError(f"unsupported dense FFN type {type(ffn).__name__} (expected LlamaMLP-like, BERT layer, fc1/fc2 "
                      f"or Sequential(Linear, act, Linear))")
+
+
+def stacked_experts(layer):
+    """The layer's :class:`moelab.core.experts.StackedExperts` (``w_in``/``w_out`` stacked over experts), or a
+    ValueError naming the layer type. Used by the cluster-aware initialiser and :func:`expert_similarity` (moved from
+    ``moelab.cluster_upcycling._experts_module``, issue 21 item 0)."""
+    ex = getattr(layer, "experts", None)
+    if ex is None or not hasattr(ex, "w_in"):
+        raise ValueError(f"{type(layer).__name__} has no stacked experts with w_in/w_out (moelab.core.experts)")
+    return ex
 
 
 @torch.no_grad()

@@ -29,7 +29,12 @@ class MoELayer(nn.Module):
       router: "topk" (softmax top-k; ``softmax_over="topk"`` for PESC), "top_p" (``top_p``, ``top_p_convention``),
         "soft" (all experts, softmax weights), "group" (MoCE; pass ``group_ids`` to forward), "cosine" (GMoE),
         "topany" (DynMoE),
-      renormalize: divide kept weights by their sum (Mixtral: True; nomic/OLMoE/Qwen2-MoE: False),
+      renormalize: divide kept weights by their sum (Mixtral: True; nomic/OLMoE/Qwen2-MoE: False); None (default):
+        True for top_k > 1 (Mixtral) and False for top-1 (Switch: raw probability) with the top-k routers, False for
+        top-p; "mass_batch" for top-p = the MASS authors' rule (see :func:`routing.top_p_route`),
+      allow_gradient_free_routes: allow routes whose weights are always 1 (top-1 renormalised or PESC's softmax over
+        one kept logit; per-token renormalised top-p), which give the router no task gradient; without it such a
+        configuration raises ``ValueError`` (issue 15),
       aggregation: "linear" | "sba" | "sba_normfree" | "sba_unit",
       shared_bias: one bias [d] added once after aggregation (nomic-embed-v2-moe),
       num_shared_experts (+ ``shared_expert_gate``: Qwen2-MoE's sigmoid gate), d_ff_shared,
@@ -37,17 +42,24 @@ class MoELayer(nn.Module):
       experts: a prebuilt expert pool (e.g. :class:`AdapterExperts`) replacing the StackedExperts,
       impl: expert matmul implementation ("auto" | "fused" | "grouped_mm" | "loop"; see StackedExperts).
 
+    ``forward(x, group_ids=None, attention_mask=None)``: ``attention_mask`` [B,S] (1 = real token; for x [T,d] any
+    shape with T entries) excludes padding from the balancing loss; without it the layer uses ``token_mask`` (set by
+    :func:`moelab.core.convert.moeify`'s model hook for the duration of a forward pass). A mask whose size does not
+    match the tokens raises ``ValueError``.
+
     After forward: ``last_router_logits [T,E]``, ``last_route`` (RouteOut; indices -1 = empty slot),
-    ``aux_loss`` (Switch balancing loss of this forward; see :func:`losses.load_balancing_loss`).
+    ``aux_loss``: the Switch balancing loss of this forward over the *active* slots only (free slots of a growing
+    pool are left out; equal to transformers' ``load_balancing_loss_func`` on the active logits with the mask;
+    issue 15 item 2; see :func:`losses.load_balancing_loss`).
     """
 
     def __init__(self, d_model: int, d_ff: int, num_experts: int, top_k: int, act: str = "swiglu",
-                 router: str = "topk", renormalize: bool = True, aggregation: str = "linear",
+                 router: str = "topk", renormalize: bool | str | None = None, aggregation: str = "linear",
                  shared_bias: bool = False, num_shared_experts: int = 0, *, bias: bool = False,
                  softmax_over: str = "all", top_p: float = 0.5, top_p_convention: str = "mass",
                  num_groups: int = 1, shared_expert_gate: bool = False, d_ff_shared: int | None = None,
                  num_active: int | None = None, experts: nn.Module | None = None, router_init_std: float = 0.02,
-                 impl: str = "auto", sba_kwargs: dict | None = None):
+                 impl: str = "auto", sba_kwargs: dict | None = None, allow_gradient_free_routes: bool = False):
         super().__init__()
         if router not in ROUTERS:
             raise ValueError(f"router must be one of {ROUTERS}, got {router!r}")
@@ -58,18 +70,23 @@ class MoELayer(nn.Module):
             raise ValueError(f"top_k={top_k} must be an int in [1, num_experts={num_experts}]")
         if router == "top_p":
             R._check_p(top_p)
+        renormalize = _resolve_renormalize(router, renormalize, top_k, top_p, softmax_over, allow_gradient_free_routes)
+        self.allow_gradient_free_routes = allow_gradient_free_routes
         self.d_model, self.d_ff, self.num_experts, self.top_k = d_model, d_ff, pool, top_k
         self.router_type, self.renormalize, self.aggregation = router, renormalize, aggregation
         self.softmax_over, self.top_p, self.top_p_convention = softmax_over, top_p, top_p_convention
         self.num_groups, self.sba_kwargs = num_groups, dict(sba_kwargs or {})
-        if router in ("topk", "top_p", "soft"):
-            self.router = R.LinearRouter(d_model, pool, top_k if router == "topk" else 1, renormalize, softmax_over,
-                                         init_std=router_init_std)
+        if router == "topk":
+            self.router = R.LinearRouter(d_model, pool, top_k, renormalize, softmax_over, init_std=router_init_std,
+                                         allow_gradient_free_routes=allow_gradient_free_routes)
+        elif router in ("top_p", "soft"):                                     # the layer only uses its logits
+            self.router = R.LinearRouter(d_model, pool, 1, False, "all", init_std=router_init_std)
         elif router == "group":
             self.router = R.GroupRouter(d_model, num_groups, num_experts, top_k, renormalize, softmax_over,
-                                        init_std=router_init_std)
+                                        init_std=router_init_std, allow_gradient_free_routes=allow_gradient_free_routes)
         elif router == "cosine":
-            self.router = R.CosineRouter(d_model, pool, top_k, renormalize=renormalize)
+            self.router = R.CosineRouter(d_model, pool, top_k, renormalize=renormalize,
+                                         allow_gradient_free_routes=allow_gradient_free_routes)
         else:
             self.router = R.TopAnyGate(d_model, pool)
         if experts is None:
@@ -86,6 +103,7 @@ class MoELayer(nn.Module):
         active[: pool if num_active is None else num_active] = True
         self.register_buffer("active_mask", active)
         self.last_router_logits = self.last_route = None
+        self.token_mask: torch.Tensor | None = None                           # [B,S], set by moeify's model hook
         self.aux_loss = torch.zeros(())
         self._capture_fns = []                                                # set by capture.capture_moe
 
@@ -100,12 +118,14 @@ class MoELayer(nn.Module):
         if rt == "group":
             z = self.router.logits(x, group_ids)
             return z, R.group_topk_route(z, group_ids, self.top_k, self.num_groups, self.renormalize,
-                                         self.softmax_over, act)
+                                         self.softmax_over, act, self.allow_gradient_free_routes)
         z = self.router.logits(x)
         if rt in ("topk", "cosine"):
-            return z, R.topk_route(z, self.top_k, self.renormalize, self.softmax_over if rt == "topk" else "all", act)
+            return z, R.topk_route(z, self.top_k, self.renormalize, self.softmax_over if rt == "topk" else "all", act,
+                                   self.allow_gradient_free_routes)
         if rt == "top_p":
-            wd, mask = R.top_p_route(z, self.top_p, self.top_p_convention, self.renormalize, act)
+            wd, mask = R.top_p_route(z, self.top_p, self.top_p_convention, self.renormalize, act,
+                                     self.allow_gradient_free_routes)
             idx, w = R.dense_to_sparse(wd, mask)
             return z, R.RouteOut(w, idx, torch.softmax(R.masked_logits(z, act), -1))
         if rt == "soft":
@@ -128,6 +148,7 @@ class MoELayer(nn.Module):
             raise ValueError(f"x dtype {x.dtype} != layer parameter dtype {pdt}")
         shape = x.shape
         x2 = x.reshape(-1, self.d_model)                                      # [T,d]
+        mask = self._check_mask(attention_mask if attention_mask is not None else self.token_mask, shape)
         if group_ids is not None and x.dim() == 3 and group_ids.shape == shape[:1]:
             group_ids = group_ids.to(x.device).repeat_interleave(shape[1])   # sequence-level id -> per token
         z, route = self.route(x2, group_ids)
@@ -148,11 +169,46 @@ class MoELayer(nn.Module):
             if self.shared_expert_gate is not None:
                 s = torch.sigmoid(self.shared_expert_gate(x2)) * s            # Qwen2-MoE gated shared expert
             y = y + s
-        k_loss = min(self.top_k, z.shape[1]) if self.router_type in ("topk", "group", "cosine") else 1
-        am = attention_mask if (attention_mask is not None and attention_mask.numel() == z.shape[0]) else None
-        self.aux_loss = (load_balancing_loss(z.float().nan_to_num(neginf=-1e4), z.shape[1], k_loss, am)
-                         if z.shape[0] else z.new_zeros((), dtype=torch.float32))
+        self.aux_loss = self._balancing_loss(z, mask)
         return y.reshape(shape)
+
+    def _check_mask(self, mask, shape) -> torch.Tensor | None:
+        """The padding mask for x of ``shape``: [B,S] for x [B,S,d], T entries for x [T,d]; else ValueError."""
+        if mask is None:
+            return None
+        if not isinstance(mask, torch.Tensor):
+            raise ValueError(f"attention_mask must be a tensor [B,S] (1 = real token), got {type(mask).__name__}")
+        tokens = shape[:-1]
+        ok = tuple(mask.shape) == tuple(tokens) if len(shape) == 3 else mask.numel() == tokens[0]
+        if not ok:
+            raise ValueError(f"attention_mask shape {tuple(mask.shape)} does not match the tokens of x "
+                             f"{tuple(shape)} (expected {tuple(tokens)}); pass the mask of this batch "
+                             "(1 = real token) or None")
+        return mask
+
+    def _active_columns(self, num_logits: int) -> torch.Tensor | None:
+        """Bool [num_logits] of the active slots seen by the router logits (None = all active)."""
+        if bool(self.active_mask.all()):
+            return None
+        if self.router_type != "group":
+            return self.active_mask
+        per_group = self.active_mask.view(self.num_groups, num_logits)       # [M,N]
+        if not bool((per_group == per_group[:1]).all()):
+            raise ValueError("the balancing loss of a group router needs the same active experts in every group, "
+                             f"got active_mask {self.active_mask.int().tolist()}")
+        return per_group[0]
+
+    def _balancing_loss(self, z: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Switch loss L = E_a * sum_{e active} f_e P_e over the E_a active slots only (issue 15 item 2):
+        softmax and top-k over the active logits z[:, active], padding excluded by ``mask`` (transformers'
+        ``load_balancing_loss_func`` on the active logits)."""
+        if z.shape[0] == 0:
+            return z.new_zeros((), dtype=torch.float32)
+        cols = self._active_columns(z.shape[1])
+        za = z if cols is None else z[:, cols.to(z.device)]                   # [T,E_a]
+        n_active = za.shape[1]
+        k_loss = self.top_k if self.router_type in ("topk", "group", "cosine") else 1
+        return load_balancing_loss(za.float(), n_active, min(k_loss, n_active), mask)
 
     # ------------------------------------------------------------------------------------------ growing pools
     @torch.no_grad()
@@ -220,6 +276,20 @@ class MoELayer(nn.Module):
     def extra_repr(self) -> str:
         return (f"router={self.router_type!r}, top_k={self.top_k}, renormalize={self.renormalize}, "
                 f"aggregation={self.aggregation!r}, active={int(self.active_mask.sum())}/{self.num_experts}")
+
+
+def _resolve_renormalize(router: str, renormalize, top_k: int, top_p: float, softmax_over: str,
+                         allow_gradient_free_routes: bool):
+    """MoELayer's ``renormalize`` (None = default) -> the value its router uses; ValueError for a route whose
+    weights carry no task gradient unless ``allow_gradient_free_routes`` (issue 15)."""
+    if router == "top_p":
+        return R.check_top_p_renormalize(renormalize, R._check_p(top_p), allow_gradient_free_routes)
+    if router in ("topk", "group", "cosine"):
+        renormalize = R.check_renormalize(top_k > 1 if renormalize is None else renormalize)
+        R.check_route_gradient(top_k, renormalize, softmax_over if router != "cosine" else "all",
+                               allow_gradient_free_routes)
+        return renormalize
+    return R.check_renormalize(renormalize)                                 # soft / topany: not used
 
 
 def moe_layers(model: nn.Module) -> list[MoELayer]:

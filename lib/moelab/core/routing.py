@@ -6,6 +6,14 @@ Introduced in notebook ``00_primer`` (MoE primer). Shapes: T tokens, E experts, 
 
 Every router accepts ``active_mask [E] bool``: slots that are ``False`` (free slots of a growing pool) are
 never chosen and get zero probability.
+
+Routers must receive the task gradient (issue 15, item 1). A route that keeps a single expert and renormalises its
+weight (softmax over the one kept logit, or the kept weight divided by itself) gives that token weight exactly 1, so
+the router logits get no gradient from the task loss, only from the balancing loss. No router here builds such a
+route unless the caller asks for it through ``allow_gradient_free_routes=True`` (or, for top-p, through the MASS
+authors' rule ``renormalize="mass_batch"``); by default a single kept expert keeps its raw probability
+(Switch Transformer: y = p_i E_i(x)), and a configuration that would give every token weight 1 raises ``ValueError``.
+(A pool with a single *active* expert has no routing decision to learn: its probability is 1 whatever the rule.)
 """
 from __future__ import annotations
 
@@ -17,7 +25,9 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
-    "RouteOut", "check_logits", "masked_logits", "topk_route", "top_p_route", "soft_route",
+    "RouteOut", "check_logits", "masked_logits", "check_renormalize", "check_route_gradient", "check_top_p_renormalize",
+    "RENORMALIZE",
+    "topk_route", "top_p_route", "soft_route",
     "group_topk_route", "dense_to_sparse", "LinearRouter", "GroupRouter", "CosineRouter", "TopAnyGate", "TopAnyOut",
 ]
 
@@ -79,9 +89,71 @@ def masked_logits(logits: torch.Tensor, active_mask: torch.Tensor | None) -> tor
     return logits.masked_fill(~active, float("-inf"))
 
 
+# ----------------------------------------------------------------------------------------------- task gradient
+RENORMALIZE = (False, True, "mass_batch")
+_FIXES = "or pass allow_gradient_free_routes=True to keep this on purpose"
+
+
+def check_renormalize(renormalize) -> bool | str:
+    """None -> False; a bool (Python or numpy) -> bool; "mass_batch" -> itself; anything else: ValueError."""
+    if renormalize is None:
+        return False
+    if isinstance(renormalize, str):
+        if renormalize == "mass_batch":
+            return renormalize
+    elif type(renormalize).__name__ in ("bool", "bool_"):
+        return bool(renormalize)
+    raise ValueError(f"renormalize must be one of {RENORMALIZE}, got {renormalize!r}")
+
+
+def check_route_gradient(top_k: int, renormalize=False, softmax_over: str = "all",
+                         allow_gradient_free_routes: bool = False) -> None:
+    """Raise ``ValueError`` for a top-k configuration whose weights carry no task gradient to the router (issue 15).
+
+    Top-1 with ``renormalize=True`` (w = p_i / p_i = 1) or with ``softmax_over="topk"`` (softmax over one logit = 1)
+    gives every token weight 1. ``renormalize="mass_batch"`` is allowed: with one kept expert it keeps the raw
+    probability. ``allow_gradient_free_routes=True`` allows the gradient-free route on purpose.
+    """
+    if allow_gradient_free_routes or top_k != 1:
+        return
+    if renormalize is True:
+        raise ValueError("top-1 with renormalised weights gives every token weight 1, so the router gets no gradient "
+                         "from the task loss; use renormalize=False (Switch: raw probability) " + _FIXES)
+    if softmax_over == "topk":
+        raise ValueError("top-1 with softmax_over='topk' (softmax over the one kept logit) gives every token weight 1, "
+                         "so the router gets no gradient from the task loss; use softmax_over='all' "
+                         "(Switch: raw probability) " + _FIXES)
+
+
+def check_top_p_renormalize(renormalize, p: float, allow_gradient_free_routes: bool = False) -> bool | str:
+    """Validate top-p's ``renormalize`` (False | True | "mass_batch"); returns it (None -> False). Per-token
+    renormalisation (True) with p < 1 gives weight 1 to every token whose top probability reaches p (it keeps one
+    expert), so those tokens give the router no task gradient: ``ValueError`` unless
+    ``allow_gradient_free_routes=True``."""
+    renormalize = check_renormalize(renormalize)
+    if renormalize is True and p < 1.0 and not allow_gradient_free_routes:
+        raise ValueError(f"top-p (p={p}) with per-token renormalised weights gives weight 1 to every token that keeps a "
+                         "single expert, so those tokens give the router no gradient from the task loss; use "
+                         "renormalize=False (raw probabilities, Huang et al.), renormalize='mass_batch' (the MASS "
+                         "authors' rule) " + _FIXES)
+    return renormalize
+
+
+def _renormalize_kept(weights: torch.Tensor, kept: torch.Tensor, renormalize) -> torch.Tensor:
+    """weights [T,k or E] zero outside ``kept`` [T,k or E] bool -> renormalised per ``renormalize``.
+
+    True: w_ti <- w_ti / sum_j w_tj per token.  "mass_batch" (psmiz/MASS ``extract_critical``): the same, but only
+    when max_t |S_t| > 1 (some token of the batch keeps more than one expert); otherwise the raw probabilities."""
+    if renormalize is False:
+        return weights
+    if renormalize == "mass_batch" and (kept.shape[0] == 0 or int(kept.sum(-1).max()) <= 1):
+        return weights
+    return weights / weights.sum(-1, keepdim=True)
+
+
 # ----------------------------------------------------------------------------------------------- top-k
-def topk_route(logits: torch.Tensor, k: int, renormalize: bool = False, softmax_over: str = "all",
-               active_mask: torch.Tensor | None = None) -> RouteOut:
+def topk_route(logits: torch.Tensor, k: int, renormalize: bool | str = False, softmax_over: str = "all",
+               active_mask: torch.Tensor | None = None, allow_gradient_free_routes: bool = False) -> RouteOut:
     """Softmax top-k routing.
 
     ``softmax_over="all"``: p = softmax(z) over all (active) experts, keep the k largest p_i
@@ -89,18 +161,23 @@ def topk_route(logits: torch.Tensor, k: int, renormalize: bool = False, softmax_
     ``softmax_over="topk"``: PESC (camelidae): keep the k largest raw logits and softmax over those k only
     (weights always sum to 1; ``renormalize`` then changes nothing).
 
-    Args: logits [T,E]; k; renormalize: w_i <- w_i / sum_{j in topk} w_j.
+    Args: logits [T,E]; k; renormalize: True: w_i <- w_i / sum_{j in topk} w_j; "mass_batch": the same when k > 1,
+    raw p_i when k = 1 (the MASS authors' naive top-k gate); allow_gradient_free_routes: allow top-1 with
+    ``renormalize=True`` or ``softmax_over="topk"`` (weight 1 for every token: no task gradient to the router, issue
+    15); without it those raise ``ValueError``.
     Returns RouteOut(weights [T,k] float32, indices [T,k] long, probs [T,E] = softmax over all active experts).
     """
     z = masked_logits(logits, active_mask)                                  # [T,E] fp32
     _check_k(k, z.shape[1], active_mask)
     if softmax_over not in ("all", "topk"):
         raise ValueError(f"softmax_over must be 'all' or 'topk', got {softmax_over!r}")
+    renormalize = check_renormalize(renormalize)
+    check_route_gradient(k, renormalize, softmax_over, allow_gradient_free_routes)
     probs = torch.softmax(z, dim=-1)                                         # p_i = e^{z_i} / sum_j e^{z_j}   [T,E]
     if softmax_over == "all":
         weights, indices = torch.topk(probs, k, dim=-1)                      # [T,k]
-        if renormalize:
-            weights = weights / weights.sum(-1, keepdim=True)                # w_i = p_i / sum_{j in K} p_j
+        kept = torch.ones_like(weights, dtype=torch.bool)
+        weights = _renormalize_kept(weights, kept, renormalize)              # w_i = p_i / sum_{j in K} p_j
     else:
         top_logits, indices = torch.topk(z, k, dim=-1)                       # PESC: TopK(z) then softmax   [T,k]
         weights = torch.softmax(top_logits, dim=-1)
@@ -118,23 +195,38 @@ def _check_p(p) -> float:
     return pf
 
 
-def top_p_route(logits: torch.Tensor, p: float, convention: str = "mass", renormalize: bool | None = None,
-                active_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-p routing by cumulative routing mass (MASS paper's gate; Huang et al. 2024 "Harder tasks need more experts").
+def top_p_route(logits: torch.Tensor, p: float, convention: str = "mass", renormalize: bool | str | None = False,
+                active_mask: torch.Tensor | None = None, allow_gradient_free_routes: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Top-p routing by cumulative routing mass (MASS paper's gate; Huang et al. 2024 "Harder tasks need more experts").
 
     Sort p = softmax(z) descending, c_j = cumulative sum.
     ``convention="mass"`` (psmiz/MASS ``tutel/gates/mass.py``): the smallest set whose mass reaches p, i.e. keep j iff
-    c_{j-1} < p; renormalised by default.
-    ``convention="huang"`` (ZhenweiAn/Dynamic_MoE): keep up to and including the first expert where c_j > p,
-    i.e. keep j iff c_{j-1} <= p; not renormalised by default. (The two differ only when some c_j == p exactly.)
-    The top-1 expert is always kept. Returns (weights [T,E] dense, zero outside the mask; mask [T,E] bool).
+    c_{j-1} < p.  ``convention="huang"`` (ZhenweiAn/Dynamic_MoE): keep up to and including the first expert where
+    c_j > p, i.e. keep j iff c_{j-1} <= p. (The two differ only when some c_j == p exactly.) The top-1 expert is
+    always kept. S_t = the kept set of token t.
+
+    Weights (issue 15: a token keeping one expert must not get weight 1 unless asked for):
+
+    - ``renormalize=False`` (default; None means the same): w_ti = p_ti for i in S_t (Huang et al.; Switch for one
+      kept expert).
+    - ``renormalize="mass_batch"``: the MASS authors' rule (``generalized_fast_dispatch.extract_critical``), over the
+      T rows of this call as the batch:
+
+          w_ti = p_ti / \sum_{j in S_t} p_tj   if max_{t'} |S_t'| > 1,   else   w_ti = p_ti      (i in S_t)
+
+      so an all-single-expert batch keeps raw probabilities (the gate gets a gradient) while in a mixed batch the
+      single-expert tokens still get weight 1 (no task gradient from those tokens; the MASS notebook states this).
+    - ``renormalize=True``: per-token renormalisation, w_ti = p_ti / \sum_{j in S_t} p_tj always; with p < 1 it
+      raises ``ValueError`` unless ``allow_gradient_free_routes=True`` (single-expert tokens get weight 1).
+
+    Returns (weights [T,E] dense, zero outside the mask; mask [T,E] bool).
     Use :func:`dense_to_sparse` to get [T,k_max] indices for :func:`moelab.core.dispatch.moe_dispatch`.
     """
     p = _check_p(p)
     if convention not in ("mass", "huang"):
         raise ValueError(f"convention must be 'mass' or 'huang', got {convention!r}")
-    if renormalize is None:
-        renormalize = convention == "mass"
+    renormalize = check_top_p_renormalize(renormalize, p, allow_gradient_free_routes)
     z = masked_logits(logits, active_mask)
     probs = torch.softmax(z, dim=-1)                                         # [T,E]
     sorted_p, order = torch.sort(probs, dim=-1, descending=True)
@@ -143,9 +235,7 @@ def top_p_route(logits: torch.Tensor, p: float, convention: str = "mass", renorm
     keep_sorted[:, 0] = True
     keep_sorted &= sorted_p > 0                                              # never keep a free (masked) slot
     mask = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)     # back to expert order [T,E]
-    weights = probs * mask
-    if renormalize:
-        weights = weights / weights.sum(-1, keepdim=True)
+    weights = _renormalize_kept(probs * mask, mask, renormalize)             # w_ti for i in S_t   [T,E]
     return weights, mask
 
 
@@ -170,16 +260,19 @@ def soft_route(logits: torch.Tensor, active_mask: torch.Tensor | None = None) ->
 
 # ----------------------------------------------------------------------------------------------- groups (MoCE)
 def group_topk_route(logits: torch.Tensor, group_ids: torch.Tensor, k: int, num_groups: int,
-                     renormalize: bool = False, softmax_over: str = "all",
-                     active_mask: torch.Tensor | None = None) -> RouteOut:
+                     renormalize: bool | str = False, softmax_over: str = "all",
+                     active_mask: torch.Tensor | None = None, allow_gradient_free_routes: bool = False) -> RouteOut:
     """Token top-k inside the group chosen per sequence (MoCE Eq. 5: y = sum_i TopK(R^a(x)_i, k) A_i^{G_a}(x)).
 
     Args: logits [T,N]: the chosen group's router logits for each token; group_ids [T] long in [0, num_groups);
-    active_mask [num_groups*N] or [N]. Returns RouteOut with *global* indices g*N + n and probs [T, num_groups*N]
-    (zero outside the token's group), so losses and dispatch see one pool of num_groups*N experts.
+    active_mask [num_groups*N] or [N]; renormalize / softmax_over / allow_gradient_free_routes as :func:`topk_route`
+    (top-1 keeps the softmax-over-N probability by default, as MoCE Eqs. 1-3). Returns RouteOut with *global*
+    indices g*N + n and probs [T, num_groups*N] (zero outside the token's group), so losses and dispatch see one pool
+    of num_groups*N experts.
     """
     z = check_logits(logits)
     T, N = z.shape
+    check_route_gradient(k, check_renormalize(renormalize), softmax_over, allow_gradient_free_routes)
     if not isinstance(group_ids, torch.Tensor) or group_ids.shape != (T,):
         raise ValueError(f"group_ids must be a tensor of shape [T]=({T},), got {getattr(group_ids, 'shape', group_ids)}")
     g = group_ids.long().to(z.device)
@@ -194,7 +287,8 @@ def group_topk_route(logits: torch.Tensor, group_ids: torch.Tensor, k: int, num_
                 raise ValueError(f"top_k={k} > active experts in some group ({int(am.sum(-1).min())})")
         else:
             local_active = active_mask
-    r = topk_route(z, k, renormalize=renormalize, softmax_over=softmax_over, active_mask=local_active)
+    r = topk_route(z, k, renormalize=renormalize, softmax_over=softmax_over, active_mask=local_active,
+                   allow_gradient_free_routes=allow_gradient_free_routes)
     glob = r.indices + g[:, None] * N                                           # global id = g*N + n
     probs = torch.zeros(T, num_groups, N, dtype=r.probs.dtype, device=z.device)
     probs[torch.arange(T, device=z.device), g] = r.probs
@@ -202,13 +296,20 @@ def group_topk_route(logits: torch.Tensor, group_ids: torch.Tensor, k: int, num_
 
 
 class LinearRouter(nn.Module):
-    """z = x W^T (bias-free linear router, as in Mixtral/nomic/PESC), then top-k. ``weight [E,d]``."""
+    """z = x W^T (bias-free linear router, as in Mixtral/nomic/PESC), then top-k. ``weight [E,d]``.
 
-    def __init__(self, d_model: int, num_experts: int, top_k: int, renormalize: bool = False,
-                 softmax_over: str = "all", bias: bool = False, init_std: float = 0.02):
+    ``renormalize`` / ``softmax_over`` / ``allow_gradient_free_routes`` as :func:`topk_route`; a top-1 router whose
+    weights would always be 1 raises ``ValueError`` here, at construction (issue 15)."""
+
+    def __init__(self, d_model: int, num_experts: int, top_k: int, renormalize: bool | str = False,
+                 softmax_over: str = "all", bias: bool = False, init_std: float = 0.02,
+                 allow_gradient_free_routes: bool = False):
         super().__init__()
         _check_k(top_k, num_experts, None)
+        renormalize = check_renormalize(renormalize)
+        check_route_gradient(top_k, renormalize, softmax_over, allow_gradient_free_routes)
         self.num_experts, self.top_k, self.renormalize, self.softmax_over = num_experts, top_k, renormalize, softmax_over
+        self.allow_gradient_free_routes = allow_gradient_free_routes
         self.proj = nn.Linear(d_model, num_experts, bias=bias)
         nn.init.normal_(self.proj.weight, std=init_std)
         if bias:
@@ -222,7 +323,8 @@ class LinearRouter(nn.Module):
         return self.proj(x)                                                  # z = W x   [T,E]
 
     def forward(self, x: torch.Tensor, active_mask: torch.Tensor | None = None) -> RouteOut:
-        return topk_route(self.logits(x), self.top_k, self.renormalize, self.softmax_over, active_mask)
+        return topk_route(self.logits(x), self.top_k, self.renormalize, self.softmax_over, active_mask,
+                          self.allow_gradient_free_routes)
 
 
 class GroupRouter(nn.Module):
@@ -232,12 +334,15 @@ class GroupRouter(nn.Module):
     After forward, ``last_logits [T,N]`` holds the chosen group's logits.
     """
 
-    def __init__(self, d_model: int, num_groups: int, num_experts: int, top_k: int, renormalize: bool = False,
-                 softmax_over: str = "all", init_std: float = 0.02):
+    def __init__(self, d_model: int, num_groups: int, num_experts: int, top_k: int, renormalize: bool | str = False,
+                 softmax_over: str = "all", init_std: float = 0.02, allow_gradient_free_routes: bool = False):
         super().__init__()
         _check_k(top_k, num_experts, None)
+        renormalize = check_renormalize(renormalize)
+        check_route_gradient(top_k, renormalize, softmax_over, allow_gradient_free_routes)
         self.num_groups, self.num_experts, self.top_k = num_groups, num_experts, top_k
         self.renormalize, self.softmax_over = renormalize, softmax_over
+        self.allow_gradient_free_routes = allow_gradient_free_routes
         self.weight = nn.Parameter(torch.randn(num_groups, num_experts, d_model) * init_std)   # [M,N,d]
         self.last_logits = None
 
@@ -256,7 +361,8 @@ class GroupRouter(nn.Module):
     def forward(self, x: torch.Tensor, group_ids: torch.Tensor, active_mask: torch.Tensor | None = None) -> RouteOut:
         z = self.logits(x, group_ids)
         self.last_logits = z
-        return group_topk_route(z, group_ids, self.top_k, self.num_groups, self.renormalize, self.softmax_over, active_mask)
+        return group_topk_route(z, group_ids, self.top_k, self.num_groups, self.renormalize, self.softmax_over,
+                                active_mask, self.allow_gradient_free_routes)
 
 
 class CosineRouter(nn.Module):
@@ -267,10 +373,14 @@ class CosineRouter(nn.Module):
     """
 
     def __init__(self, d_model: int, num_experts: int, top_k: int = 2, proj_dim: int | None = None,
-                 temperature: float = 0.07, learn_temperature: bool = False, renormalize: bool = False):
+                 temperature: float = 0.07, learn_temperature: bool = False, renormalize: bool | str = False,
+                 allow_gradient_free_routes: bool = False):
         super().__init__()
         _check_k(top_k, num_experts, None)
+        renormalize = check_renormalize(renormalize)
+        check_route_gradient(top_k, renormalize, "all", allow_gradient_free_routes)
         self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
+        self.allow_gradient_free_routes = allow_gradient_free_routes
         self.proj = nn.Linear(d_model, proj_dim, bias=False) if proj_dim else None
         self.weight = nn.Parameter(torch.randn(num_experts, proj_dim or d_model) * 0.02)
         t = torch.tensor(float(temperature))
@@ -282,7 +392,8 @@ class CosineRouter(nn.Module):
         return cos / self.log_temperature.exp().clamp_min(0.01)
 
     def forward(self, x: torch.Tensor, active_mask: torch.Tensor | None = None) -> RouteOut:
-        return topk_route(self.logits(x), self.top_k, self.renormalize, "all", active_mask)
+        return topk_route(self.logits(x), self.top_k, self.renormalize, "all", active_mask,
+                          self.allow_gradient_free_routes)
 
 
 class TopAnyOut(NamedTuple):

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from moelab import profiles
+from moelab import profiles, progress
 
 SEED = 0
 SIZES = {
@@ -299,7 +299,7 @@ def evaluate(encode_fn, benchmarks: dict, n_boot: int = 1000, seed: int = 0):
         vals = [fn(rng.integers(0, n, n)) for _ in range(n_boot)]
         return np.quantile(vals, [0.025, 0.975])
 
-    for name, b in benchmarks.items():
+    for name, b in progress.bar(list(benchmarks.items()), desc="embedding benchmarks", unit="benchmark"):
         if b.kind == "clustering":
             scores = [v_measure(_encode(encode_fn, t), lab, seed) for t, lab in b.subsets]
             est, lo, hi = bootstrap_ci(np.array(scores), n_boot=n_boot, seed=seed)

@@ -24,6 +24,8 @@ import math
 import os
 from pathlib import Path
 
+from moelab import progress
+
 TASK_DIR = Path(__file__).resolve().parents[3] / "data" / "lm_tasks"
 MC_TASKS = {"math_mc": "elementary_math_qa/question_only"}
 for _t in ["date_understanding", "logical_deduction/three_objects", "logical_deduction/five_objects",
@@ -53,6 +55,12 @@ def _gsm_prompt(question: str, shots: list[dict]) -> str:
     return demo + f"Question: {question}\nAnswer:"
 
 
+def option_order_text(item: dict) -> str:
+    """An item's option order as text (``"2 0 1"``: ``choices[j] = source_choices[order[j]]``), the fingerprint
+    that per-item scores carry so a score is never compared with a differently ordered prompt (issue 15)."""
+    return " ".join(str(int(i)) for i in item["option_order"])
+
+
 @functools.lru_cache(maxsize=None)
 def task_docs(name: str) -> tuple:
     """The documents of one task (``name`` as in the YAML's ``dataset_kwargs.name``), in evaluation order."""
@@ -60,7 +68,9 @@ def task_docs(name: str) -> tuple:
 
     if name in MC_TASKS:
         items = instruct.task_splits(MC_TASKS[name])["test"]
-        return tuple(dict(id=it["id"], prompt=it["prompt"], choices=it["choices"], gold=it["gold"]) for it in items)
+        # options in each item's seeded order (bigbench.option_order; issue 15, item 3), recorded per doc
+        return tuple(dict(id=it["id"], prompt=it["prompt"], choices=it["choices"], gold=it["gold"],
+                          option_order=option_order_text(it)) for it in items)
     if name == "gsm":
         g = instruct.gsm_splits()
         shots = [g["train"][0], g["train"][len(g["train"]) // 2]]
@@ -85,7 +95,8 @@ def task_docs(name: str) -> tuple:
             for x in per_task:
                 if i < len(x):
                     it = x[i]
-                    out.append(dict(id=it["id"], context=it["prompt"], continuation=" " + it["choices"][it["gold"]]))
+                    out.append(dict(id=it["id"], context=it["prompt"], continuation=" " + it["choices"][it["gold"]],
+                                    option_order=option_order_text(it)))
         return tuple(out)
     raise ValueError(f"unknown moelab lm task data {name!r}")
 
@@ -133,12 +144,24 @@ def _task_manager():
 def _hflm(model, tokenizer, batch_size, request_hook):
     from lm_eval.models.huggingface import HFLM
 
+    class QuietHFLM(HFLM):
+        """HFLM whose request bars follow ``moelab.progress`` (off with ``MOELAB_PROGRESS=0``)."""
+
+        def loglikelihood(self, requests, disable_tqdm=False):
+            return super().loglikelihood(requests, disable_tqdm=disable_tqdm or not progress.enabled())
+
+        def loglikelihood_rolling(self, requests, disable_tqdm=False):
+            return super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm or not progress.enabled())
+
+        def generate_until(self, requests, disable_tqdm=False):
+            return super().generate_until(requests, disable_tqdm=disable_tqdm or not progress.enabled())
+
     class HookedHFLM(HFLM):
         """HFLM that calls ``request_hook(context)`` before scoring each request (then scores it alone)."""
 
         def _each(self, method, requests, **kw):
             out = []
-            for req in requests:
+            for req in progress.bar(requests, desc=f"{method} requests", unit="req"):
                 request_hook(req.args[0])
                 out.extend(getattr(super(HookedHFLM, self), method)([req], disable_tqdm=True))
             return out
@@ -152,7 +175,7 @@ def _hflm(model, tokenizer, batch_size, request_hook):
         def generate_until(self, requests, disable_tqdm=False):
             return self._each("generate_until", requests)
 
-    cls = HFLM if request_hook is None else HookedHFLM
+    cls = QuietHFLM if request_hook is None else HookedHFLM
     return cls(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
 
 
@@ -208,7 +231,7 @@ def domain_nll(model, tok, items, batch_size: int = 8):
         raise ValueError("domain_nll got no items")
     rows = []
     model.eval()
-    for ctx, ans in pairs:
+    for ctx, ans in progress.bar(pairs, desc="answer NLL", unit="item"):
         ctx_ids = tok(ctx, add_special_tokens=True)["input_ids"]
         ans_ids = tok(" " + ans.lstrip() if not ans.startswith((" ", "\n")) else ans, add_special_tokens=False)["input_ids"]
         if not ans_ids:
@@ -239,7 +262,7 @@ def humaneval_pass_at_k(model, tok, n: int = 10, ks=(1, 10), temperature: float 
     stops = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\n```"]
     torch.manual_seed(seed)
     rows = []
-    for d in docs:
+    for d in progress.bar(docs, desc="HumanEval pass@k", unit="problem"):
         enc = tok(d["prompt"], return_tensors="pt")
         with torch.no_grad():
             out = model.generate(**enc, do_sample=True, temperature=temperature, max_new_tokens=max_new_tokens,

@@ -1,6 +1,6 @@
 """Templated GSM8K-style word problems with worked answers ending ``#### <number>`` (issue 4, item 1).
 
-GSM8K itself is not obtainable offline (see ../shared/notes/offline-assets.md), so the instruction mix and the
+GSM8K itself is not obtainable offline (see docs/offline-assets.md), so the instruction mix and the
 maths evaluation use problems generated from 25 hand-written templates: each draws names, objects and numbers
 from a seeded generator, and its worked solution computes every step in Python (the answer is exact by
 construction). The split is *by template*: ``HELD_OUT`` templates never appear in training data, so the

@@ -8,23 +8,46 @@ pool): mean score, percentile-bootstrap 95% interval over items (``moelab.stats.
   match, HumanEval pass@1); usable = CI lower end > chance;
 - bits-per-byte tasks (``moelab_nll_*``): chance = 8 bits per byte (a uniform distribution over byte values);
   usable = CI upper end < chance.
+
+Usability rule for multiple-choice tasks (issue 15, item 3): a task is usable for a model only if the model beats
+**each** of three baselines on the scored items (``moelab.suite.baselines``, per-item correctness): chance
+(1/#options), the best always-same-position baseline and the best question-blind baseline (fixed heuristics on
+the options alone and a logistic regression on the options cross-validated over the task's evaluation pool;
+both "best" baselines are chosen on the scored items, so they are optimistic). The test, per baseline: a
+one-sided paired test at 5% on the items: the lower end of the one-sided 95% percentile-bootstrap interval of
+the mean per-item difference (model - baseline; ``moelab.stats.paired_bootstrap``, 2,000 resamples over items,
+seed 0) must be above 0. Requiring all three to reject is an intersection-union test, so the rule's level is 5%
+without a multiplicity correction. ``status`` is ``usable`` / ``not usable`` / ``needs rebuild``: per-item scores
+count only if they carry the option order the items were scored with (column ``option_order``, written by
+``per_item_scores``) and it equals the current order (``lmeval.option_order_text``); scores measured before the
+seeded option shuffle (no such column) or with another order mark the task ``needs rebuild`` (never usable)
+instead of being compared with baselines of prompts the model never saw. This applies to every task whose items
+list options (the multiple-choice tasks and ``moelab_nll_reasoning``, whose contexts are those prompts).
 The table is committed as ``data/scorecard.csv`` (per-item scores in ``data/scorecard_items.csv``);
-``load()`` rebuilds it only if the file is absent. ``python -m moelab.suite.scorecard build [--model M]``
+``load()`` rebuilds it only if the file is absent; ``usable_tasks`` applies the rule to the per-item file. ``python -m moelab.suite.scorecard build [--model M]``
 measures one or both models resumably: each finished task's per-item scores go to
 ``<cache>/scorecard/<model>.csv`` at once, a rerun skips tasks already measured at the current limit, and
 ``python -m moelab.suite.scorecard write`` merges the per-model files into ``data/``.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
-from moelab.suite import lmeval
+import numpy as np
+import pandas as pd
+
+from moelab import progress, stats
+from moelab.suite import baselines, lmeval
 
 DATA = Path(__file__).resolve().parents[3] / "data"
 CSV = DATA / "scorecard.csv"
 ITEMS_CSV = DATA / "scorecard_items.csv"
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
 BPB_CHANCE = 8.0
+ALPHA = 0.05  # one-sided level of each paired test of the usability rule
+N_BOOT = 2000
+STATUSES = ("usable", "not usable", "needs rebuild")
 # Items per task for the scorecard (first items of each fixed pool), sized so that both models fit in about an
 # hour on this 2-core CPU: 100 items give a +-0.1 interval at accuracy 0.5; the 15-option colored-objects task and
 # the two generation tasks (greedy decoding of up to 160/256 tokens) get fewer; penguins has 89 items in all.
@@ -50,15 +73,16 @@ def load_model(name: str):
 
 
 def per_item_scores(model, tok, tasks=None, batch_size: int = 8, on_task=None, max_items: int | None = None):
-    """Per-item scores on every task, one lm-eval call per task with its own fixed subset (``_limit``).
+    """Per-item scores on every task, one lm-eval call per task with its own fixed subset (``_limit``), with the
+    option order each item was scored with (``with_option_order``).
 
     ``on_task(task, df)`` is called after each task (e.g. to save partial results of a long run).
     """
-    import pandas as pd
 
     out = []
-    for t in list(tasks or lmeval.TASKS):
+    for t in progress.bar(list(tasks or lmeval.TASKS), desc="scorecard tasks", unit="task"):
         df = lmeval.evaluate(model, tok, [t], limit=_limit_n(t, max_items), batch_size=batch_size)
+        df = with_option_order(df)
         out.append(df)
         if on_task is not None:
             on_task(t, df)
@@ -81,23 +105,97 @@ def chance_level(task: str, item_ids) -> float:
     return float(sum(1.0 / len(docs[i]["choices"]) for i in ids) / len(ids))
 
 
+def _docs(task: str) -> dict:
+    return {d["id"]: d for d in lmeval.task_docs(task[len("moelab_"):])}
+
+
+def with_option_order(df: pd.DataFrame) -> pd.DataFrame:
+    """Per-item scores plus column ``option_order``: the order of each item's options when it was scored
+    (``lmeval.option_order_text``; empty for tasks whose items list no options)."""
+    orders = {}
+    for task in df["task"].unique():
+        for i, d in _docs(task).items():
+            orders[(task, i)] = d.get("option_order", "")
+    return df.assign(option_order=[orders.get((t, i), "") for t, i in zip(df["task"], df["item_id"])])
+
+
+@functools.lru_cache(maxsize=None)
+def task_baselines(task: str) -> pd.DataFrame:
+    """Per-item correctness of every baseline on a multiple-choice task's evaluation pool
+    (``baselines.per_item`` on ``lmeval.task_docs``; the cross-validated model is fitted across the pool)."""
+    return baselines.per_item(lmeval.task_docs(task[len("moelab_"):])).set_index("item_id")
+
+
+def beats(model_scores, baseline_scores, alpha: float = ALPHA, n_boot: int = N_BOOT, seed: int = 0):
+    """One-sided paired test of "the model beats the baseline" on per-item scores: returns
+    ``(mean difference, lower end of the one-sided (1 - alpha) bootstrap interval, beats)``, beats = lower > 0."""
+    if not 0 < alpha < 0.5:
+        raise ValueError(f"alpha must be in (0, 0.5), got {alpha}")
+    est, lo, _ = stats.paired_bootstrap(model_scores, baseline_scores, n_boot=n_boot, seed=seed,
+                                        level=1 - 2 * alpha)
+    return est, lo, bool(lo > 0)
+
+
+def mc_usability(scores, base: pd.DataFrame, alpha: float = ALPHA, n_boot: int = N_BOOT) -> dict:
+    """The usability rule on one task (see module docstring): ``scores`` per-item 0/1 accuracy, ``base`` the
+    per-item baselines of the same items in the same order (a ``baselines.per_item`` table).
+
+    Returns chance / best position / best question-blind accuracies, each test's lower bound and ``usable``."""
+    a = np.asarray(scores, float)
+    if len(a) != len(base):
+        raise ValueError(f"{len(a)} model scores but {len(base)} baseline rows: pass the same items")
+    pos = [c for c in base.columns if c.startswith("pos_")]
+    blind = baselines.blind_columns(base)
+    if not pos or not blind or "chance" not in base.columns:
+        raise ValueError(f"baseline table lacks chance / pos_* / question-blind columns: {list(base.columns)}")
+    best_pos = max(pos, key=lambda c: base[c].mean())
+    best_blind = max(blind, key=lambda c: base[c].mean())
+    out = dict(chance=float(base["chance"].mean()), best_position=int(best_pos[4:]),
+               position_acc=float(base[best_pos].mean()), blind_baseline=best_blind,
+               blind_acc=float(base[best_blind].mean()))
+    ok = True
+    for name, col in (("chance", "chance"), ("position", best_pos), ("blind", best_blind)):
+        _, lo, b = beats(a, base[col].to_numpy(), alpha=alpha, n_boot=n_boot)
+        out[f"diff_low_{name}"] = lo
+        ok &= b
+    out["usable"] = bool(ok)
+    return out
+
+
 def summarize(items, model_name: str):
-    """Scorecard rows (model, task, metric, n, acc, ci_low, ci_high, chance, usable) from per-item scores."""
-    import pandas as pd
-
-    from moelab.stats import bootstrap_ci
-
+    """Scorecard rows (model, task, metric, n, acc, ci_low, ci_high, chance, position_acc, blind_acc, status,
+    usable) from per-item scores, with the usability rule of the module docstring."""
     rows = []
     for task, g in items.groupby("task", sort=True):
         metric = lmeval.PRIMARY_METRIC[task]
         g = g[g.metric == metric]
         if g.empty:
             raise ValueError(f"no {metric!r} scores for task {task!r}")
-        est, lo, hi = bootstrap_ci(g["score"].to_numpy(), n_boot=2000, seed=0)
+        est, lo, hi = stats.bootstrap_ci(g["score"].to_numpy(), n_boot=N_BOOT, seed=0)
         ch = chance_level(task, g["item_id"])
+        row = dict(model=model_name, task=task, metric=metric, n=len(g), acc=est, ci_low=lo, ci_high=hi, chance=ch)
+        docs = _docs(task) if metric not in ("exact_match", "pass@1") else {}
+        ordered = any("option_order" in d for d in docs.values())
+        if ordered:
+            now = [docs[i].get("option_order", "") for i in g["item_id"]]
+            if "option_order" not in g.columns or list(g["option_order"].fillna("").astype(str)) != now:
+                rows.append(dict(row, status="needs rebuild", usable=False,
+                                 reason="per-item scores lack the current option order (scored before the "
+                                        "seeded shuffle or with another order)"))
+                continue
+        if metric == "acc":
+            base = task_baselines(task).loc[list(g["item_id"])]
+            r = mc_usability(g["score"].to_numpy(), base)
+            usable = r.pop("usable")
+            rows.append(dict(row, **{k: v for k, v in r.items() if k != "chance"},
+                             status="usable" if usable else "not usable", usable=usable,
+                             reason="beats chance, best position and question-blind baselines" if usable else
+                             "does not beat " + ", ".join(k[9:] for k in ("diff_low_chance", "diff_low_position",
+                                                                          "diff_low_blind") if r[k] <= 0)))
+            continue
         usable = hi < ch if metric == "bpb" else lo > ch
-        rows.append(dict(model=model_name, task=task, metric=metric, n=len(g), acc=est, ci_low=lo, ci_high=hi,
-                         chance=ch, usable=bool(usable)))
+        rows.append(dict(row, status="usable" if usable else "not usable", usable=bool(usable),
+                         reason="CI clear of chance" if usable else "CI overlaps chance"))
     return pd.DataFrame(rows)
 
 
@@ -115,7 +213,6 @@ def build(models=MODELS, path: Path = CSV, items_path: Path = ITEMS_CSV, tasks=N
     Tasks already in ``partial_path(model)`` with at least ``_limit_n(task, max_items)`` items are not measured
     again (``max_items`` caps every task's limit, for a model too slow for the full subsets).
     """
-    import pandas as pd
     import torch
 
     unknown = [m for m in models if m not in MODELS]
@@ -154,7 +251,6 @@ def _limit_n(task: str, max_items: int | None = None) -> int:
 def merge(models=MODELS, path: Path = CSV, items_path: Path = ITEMS_CSV):
     """Write the scorecard from the per-model partial files of ``build``; a model without a partial file keeps its
     rows from the existing ``items_path`` (e.g. the committed scores on a machine that did not measure it)."""
-    import pandas as pd
 
     old = pd.read_csv(items_path) if Path(items_path).exists() else None
     parts = []
@@ -171,7 +267,6 @@ def merge(models=MODELS, path: Path = CSV, items_path: Path = ITEMS_CSV):
 
 def write(items, path: Path = CSV, items_path: Path = ITEMS_CSV):
     """Summarise per-item scores of one or more models (column ``model``) and write both CSV files."""
-    import pandas as pd
 
     table = pd.concat([summarize(g.drop(columns="model"), m) for m, g in items.groupby("model", sort=False)],
                       ignore_index=True)
@@ -182,7 +277,6 @@ def write(items, path: Path = CSV, items_path: Path = ITEMS_CSV):
 
 def load():
     """The committed scorecard (model, task, metric, n, acc, ci_low, ci_high, chance, usable); rebuilt if absent."""
-    import pandas as pd
 
     if not CSV.exists():
         build()
@@ -193,12 +287,21 @@ def load():
     return df
 
 
-def usable_tasks(model_name: str) -> list[str]:
-    """Tasks on which ``model_name`` is usable (CI clear of chance), from ``load()``."""
-    df = load()
-    if model_name not in set(df.model):
-        raise ValueError(f"model {model_name!r} is not in the scorecard (has {sorted(set(df.model))})")
-    return sorted(df[(df.model == model_name) & df.usable.astype(bool)].task)
+def usability(model_name: str, items_path: Path = ITEMS_CSV) -> pd.DataFrame:
+    """The usability rule (module docstring) applied to the committed per-item scores of ``model_name``: one row
+    per task with ``status`` in ``STATUSES`` and the reason."""
+    if not Path(items_path).exists():
+        load()  # builds the scorecard (and its per-item file) if absent
+    items = pd.read_csv(items_path, dtype={"option_order": str})
+    if model_name not in set(items.model):
+        raise ValueError(f"model {model_name!r} is not in the scorecard (has {sorted(set(items.model))})")
+    return summarize(items[items.model == model_name].drop(columns="model"), model_name)
+
+
+def usable_tasks(model_name: str, items_path: Path = ITEMS_CSV) -> list[str]:
+    """Tasks whose status is ``usable`` for ``model_name`` under the usability rule (``usability``)."""
+    df = usability(model_name, items_path)
+    return sorted(df[df.status == "usable"].task)
 
 
 def main(argv=None):

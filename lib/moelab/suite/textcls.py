@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moelab import profiles
+from moelab import profiles, progress
 from moelab.suite import bigbench
 
 CANDIDATES = ["intent_recognition", "epistemic_reasoning", "vitaminc_fact_verification", "logical_fallacy_detection",
@@ -89,6 +89,8 @@ def finetune_eval(task: dict, ft: dict = FT):
     opt = torch.optim.AdamW(model.parameters(), lr=ft["lr"])
     model.train()
     rng = np.random.default_rng(ft["seed"])
+    per_epoch = -(-len(train) // ft["batch_size"])
+    bar = progress.bar(total=ft["epochs"] * per_epoch, desc="text-cls fine-tune", unit="step")
     for _ in range(ft["epochs"]):
         order = rng.permutation(len(train))
         for s in range(0, len(order), ft["batch_size"]):
@@ -99,6 +101,8 @@ def finetune_eval(task: dict, ft: dict = FT):
             loss.backward()
             opt.step()
             opt.zero_grad()
+            bar.update(1)
+    bar.close()
     model.eval()
     correct = []
     with torch.no_grad():

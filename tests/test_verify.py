@@ -1,0 +1,34 @@
+"""`make verify`: a cold rerun compared with the committed claims (shared-code issue, item 4)."""
+from moelab import notebooks
+
+
+def _claims(*rows):
+    return {"claims": [dict(id=i, claim=i, verdict=v, ours=o, ci_low=lo, ci_high=hi) for i, v, o, lo, hi in rows]}
+
+
+def test_compare_claims_statuses():
+    committed = _claims(("a", "reproduced", 1.0, 0.5, 1.5), ("b", "inconclusive", 0.1, -0.2, 0.4),
+                        ("c", "holds by construction", 1.0, None, None), ("d", "not testable", None, None, None),
+                        ("gone", "inconclusive", 0.0, -1, 1))
+    fresh = _claims(("a", "reproduced", 1.4, 0.9, 1.9), ("b", "reproduced", 0.6, 0.3, 0.9),
+                    ("c", "holds by construction", 1.0 + 5e-4, None, None), ("d", "not testable", None, None, None),
+                    ("added", "inconclusive", 0.0, -1, 1))
+    st = {r["claim"]: r["status"] for r in notebooks.compare_claims(committed, fresh)}
+    assert st == {"a": "ok", "b": "flipped", "c": "ok", "d": "ok", "gone": "missing", "added": "new"}
+    fresh["claims"][0]["ours"] = 1.6                     # same verdict, number outside the committed interval
+    fresh["claims"][2]["ours"] = 1.01                    # deterministic number beyond the float tolerance
+    st = {r["claim"]: r["status"] for r in notebooks.compare_claims(committed, fresh)}
+    assert st["a"] == "outside" and st["c"] == "outside"
+    report = notebooks.verify_report("00_x", "default", notebooks.compare_claims(committed, fresh), "abc")
+    assert "| b | inconclusive | reproduced |" in report and "differ" in report
+
+
+def test_cold_cache_links_assets_but_not_artifacts(tmp_path):
+    real = tmp_path / "real"
+    (real / "artifacts" / "kind").mkdir(parents=True)
+    (real / "models").mkdir()
+    (real / "models" / "m.bin").write_text("w")
+    cold = notebooks.cold_cache(tmp_path / "cold", real)
+    assert (cold / "models" / "m.bin").read_text() == "w" and not (cold / "artifacts").exists()
+    (cold / "artifacts").mkdir()                          # built by the rerun: stays out of the real cache
+    assert not (real / "artifacts" / "kind" / "x").exists() and (real / "artifacts" / "kind").is_dir()
