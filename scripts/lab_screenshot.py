@@ -112,12 +112,17 @@ PANEL_JS = ("(() => { const a = window.jupyterapp; if (!a) return null;"
             " && w.content.widgets.length > 0 && w.sessionContext) || null; })()")
 READY_JS = (f"(() => {{ const w = {PANEL_JS}; const k = w && w.sessionContext.session"
             " && w.sessionContext.session.kernel; return !!(k && k.status === 'idle'); })()")
+# scroll the running cell (prompt "[*]") into view, its output (progress bars) in the middle of the page
+SCROLL_RUNNING_JS = ("(() => { const p = Array.from(document.querySelectorAll('.jp-Cell .jp-InputPrompt'))"
+                     ".find(e => e.textContent.includes('[*]')); if (!p) return false;"
+                     " const c = p.closest('.jp-Cell'); const o = c.querySelector('.jp-OutputArea') || c;"
+                     " o.scrollIntoView({block: 'center'}); return true; })()")
 RUN_ALL_JS = (f"(() => {{ const w = {PANEL_JS}; window.jupyterapp.shell.activateById(w.id);"
               " return window.jupyterapp.commands.execute('notebook:run-all-cells').then(() => true); })()")
 
 
 async def shoot(devtools_port: int, url: str, out: Path, size: tuple[int, int], wait_s: float, run_all: bool,
-                ready_timeout_s: float):
+                ready_timeout_s: float, again_s: float = 0.0):
     pages = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{devtools_port}/json/list", timeout=10).read())
     page = next(p for p in pages if p.get("type") == "page")
     dt = DevTools(await websocket_connect(page["webSocketDebuggerUrl"], max_message_size=256 * 2**20))
@@ -135,8 +140,15 @@ async def shoot(devtools_port: int, url: str, out: Path, size: tuple[int, int], 
     if run_all:   # not awaited to completion: the command's promise resolves when every cell has run
         await dt.call("Runtime.evaluate", expression=RUN_ALL_JS)
     await asyncio.sleep(wait_s)
-    shot = await dt.call("Page.captureScreenshot", format="png")
-    out.write_bytes(base64.b64decode(shot["data"]))
+    for i in range(1 + int(again_s > 0)):   # with again_s, a second shot that long after the first (bars moving)
+        if i:
+            await asyncio.sleep(again_s)
+        if run_all:
+            await dt.evaluate(SCROLL_RUNNING_JS)
+            await asyncio.sleep(1.0)
+        shot = await dt.call("Page.captureScreenshot", format="png")
+        target = out if i == 0 else out.with_name(f"{out.stem}-after{out.suffix}")
+        target.write_bytes(base64.b64decode(shot["data"]))
 
 
 def main(argv=None) -> int:
@@ -144,7 +156,10 @@ def main(argv=None) -> int:
     ap.add_argument("notebook", help="path relative to the repository root, e.g. notebooks/00_moe_primer.py")
     ap.add_argument("--out", default="lab_screenshot.png", help="PNG to write")
     ap.add_argument("--wait", type=float, default=10.0, help="seconds to wait after the notebook is shown (and run)")
-    ap.add_argument("--run-all", action="store_true", help="run every cell (Run > Run All Cells) before waiting")
+    ap.add_argument("--run-all", action="store_true", help="run every cell (Run > Run All Cells) before waiting; the "
+                    "running cell is scrolled into view before each shot")
+    ap.add_argument("--again", type=float, default=0.0, help="take a second shot (<out>-after.png) this many seconds "
+                    "after the first")
     ap.add_argument("--size", default="1400x900", help="window size WIDTHxHEIGHT")
     ap.add_argument("--chromium", default=shutil.which("chromium") or "chromium", help="Chromium binary")
     ap.add_argument("--ready-timeout", type=float, default=180.0, help="seconds to wait for Lab to show the notebook")
@@ -174,7 +189,8 @@ def main(argv=None) -> int:
             chrome = start_chromium(a.chromium, dt_port, width, height, str(Path(tmp) / "profile"), log)
             wait_for(f"http://127.0.0.1:{dt_port}/json/version", "chromium", chrome)
             print(f"JupyterLab: {url}", flush=True)
-            asyncio.run(shoot(dt_port, url, Path(a.out), (width, height), a.wait, a.run_all, a.ready_timeout))
+            asyncio.run(shoot(dt_port, url, Path(a.out), (width, height), a.wait, a.run_all, a.ready_timeout,
+                              a.again))
             print(f"screenshot: {a.out}")
         except RuntimeError as e:
             log.flush()

@@ -32,3 +32,12 @@ def test_cold_cache_links_assets_but_not_artifacts(tmp_path):
     assert (cold / "models" / "m.bin").read_text() == "w" and not (cold / "artifacts").exists()
     (cold / "artifacts").mkdir()                          # built by the rerun: stays out of the real cache
     assert not (real / "artifacts" / "kind" / "x").exists() and (real / "artifacts" / "kind").is_dir()
+
+
+def test_wall_time_claims_compare_by_verdict_only():
+    committed = {"claims": [dict(id="t", claim="t", unit="log10 seconds", verdict="reproduced", ours=-0.9,
+                                 ci_low=-0.92, ci_high=-0.88)]}
+    fresh = {"claims": [dict(committed["claims"][0], ours=-0.7, ci_low=-0.75, ci_high=-0.65)]}
+    assert notebooks.compare_claims(committed, fresh)[0]["status"] == "ok"
+    fresh["claims"][0]["verdict"] = "inconclusive"
+    assert notebooks.compare_claims(committed, fresh)[0]["status"] == "flipped"

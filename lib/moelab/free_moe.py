@@ -10,8 +10,8 @@ What is here (paper section -> function):
   bits per matrix), :func:`apply_mask` / :class:`MaskSwitcher` (in place, the zeroed values are stored so removal
   restores the weights bit for bit), :func:`band_sweep`, :func:`sweep_table` (appendix Tables 6-10 layout).
 - §3.2 multi-level trainable router, Eq. 7-8: :class:`MultiLevelRouter`.
-- Scoring helpers used by the sweeps (written here because the sweeps re-score the same items dozens of times and need
-  one batched forward per item set): :func:`continuation_logprobs`, :func:`choice_accuracy`, :func:`answer_logprob`,
+- Scoring helpers used by the sweeps (thin wrappers over ``moelab.suite.scorer``, the project's one log-likelihood
+  scorer, issue 17): :func:`continuation_logprobs`, :func:`choice_accuracy`, :func:`answer_logprob`; and
   :func:`generate_completions`.
 
 Reading of "purify" implemented here (the paper is inconsistent, see ``docs/reference-facts.md``):
@@ -33,6 +33,7 @@ from torch import nn
 
 from moelab import progress
 from moelab.profiles import paper_input_hint
+from moelab.suite import scorer
 
 SUBLAYER_PROJECTIONS = {
     "mlp": ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"),
@@ -413,83 +414,61 @@ class MultiLevelRouter:
 # ----------------------------------------------------------------------------------------------------------------
 # scoring (batched log-likelihoods and greedy generation)
 # ----------------------------------------------------------------------------------------------------------------
-@torch.no_grad()
+def _continuation_request(tok, context: str, continuation: str, max_length: int) -> tuple[list[int], list[int]]:
+    """This module's tokenisation of one pair (context and continuation apart, no special tokens, the pair
+    left-truncated to ``max_length`` tokens, at least one context token kept) as a scorer request."""
+    ci = tok(context, add_special_tokens=False)["input_ids"]
+    xi = tok(continuation, add_special_tokens=False)["input_ids"]
+    if len(xi) == 0:
+        raise ValueError(f"empty continuation {continuation!r}")
+    ids = (ci + xi)[-max_length:]
+    n = min(len(xi), len(ids) - 1)
+    return ids[:-n], ids[-n:]
+
+
 def continuation_logprobs(model: nn.Module, tok, contexts: Sequence[str], continuations: Sequence[str],
                           batch_size: int = 16, max_length: int = 512) -> tuple[np.ndarray, np.ndarray]:
     """Σ log p(continuation tokens | context) per pair and the continuation's token count (lm-eval's loglikelihood
-    request, written here so a band sweep re-scores its items with one batched forward per set)."""
+    request), scored by ``moelab.suite.scorer`` (issue 17: one scorer for every evaluation; batched by length,
+    continuation-only logits, shared contexts run once)."""
     if len(contexts) != len(continuations):
         raise ValueError(f"{len(contexts)} contexts vs {len(continuations)} continuations")
-    device = next(model.parameters()).device
-    seqs = []
-    for c, x in zip(contexts, continuations):
-        ci = tok(c, add_special_tokens=False)["input_ids"]
-        xi = tok(x, add_special_tokens=False)["input_ids"]
-        if len(xi) == 0:
-            raise ValueError(f"empty continuation {x!r}")
-        ids = (ci + xi)[-max_length:]
-        seqs.append((ids, min(len(xi), len(ids) - 1)))
-    logp = np.zeros(len(seqs))
-    ntok = np.array([n for _, n in seqs])
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    for s in range(0, len(order), batch_size):
-        idx = order[s:s + batch_size]
-        L = max(len(seqs[i][0]) for i in idx)
-        ids = torch.full((len(idx), L), pad, dtype=torch.long)
-        am = torch.zeros((len(idx), L), dtype=torch.long)
-        for r, i in enumerate(idx):
-            ids[r, :len(seqs[i][0])] = torch.tensor(seqs[i][0])
-            am[r, :len(seqs[i][0])] = 1
-        lp = torch.log_softmax(model(input_ids=ids.to(device), attention_mask=am.to(device)).logits.float(), -1)
-        for r, i in enumerate(idx):
-            toks, n = seqs[i]
-            T = len(toks)
-            tgt = torch.tensor(toks[T - n:], device=lp.device)                        # continuation tokens
-            logp[i] = lp[r, T - n - 1:T - 1].gather(1, tgt[:, None]).sum().item()     # Σ log p(x_t | x_<t)
-    return logp, ntok
+    reqs = [_continuation_request(tok, c, x, max_length) for c, x in zip(contexts, continuations)]
+    res = scorer.loglikelihood_tokens(model, reqs, batch_size=batch_size)
+    return np.array([lp for lp, _ in res], dtype=float), np.array([len(x) for _, x in reqs])
 
 
-@torch.no_grad()
-def choice_logprobs(model: nn.Module, tok, prompt: str, choices: Sequence[str], max_length: int = 512) -> np.ndarray:
-    """Σ log p(choice tokens | prompt) for each choice, running the shared prompt once: its KV cache is repeated
-    over the choices (the same numbers as :func:`continuation_logprobs`, ~c times less prompt compute)."""
-    device = next(model.parameters()).device
+def _choice_requests(tok, prompt: str, choices: Sequence[str], max_length: int) -> list[tuple[list[int], list[int]]]:
+    """One scorer request per choice: the prompt keeps its last ``max_length - longest choice`` tokens."""
     ci = tok(prompt, add_special_tokens=False)["input_ids"]
     xs = [tok(c, add_special_tokens=False)["input_ids"] for c in choices]
     if any(len(x) == 0 for x in xs):
         raise ValueError(f"empty choice among {list(choices)!r}")
     ci = ci[-(max_length - max(map(len, xs))):]
-    out = model(input_ids=torch.tensor([ci], device=device), use_cache=True)
-    first = torch.log_softmax(out.logits[0, -1].float(), -1)                         # p(x_1 | prompt)
-    cache = out.past_key_values
-    cache.batch_repeat_interleave(len(xs))
-    L = max(map(len, xs))
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    ids = torch.full((len(xs), L), pad, dtype=torch.long)
-    for r, x in enumerate(xs):
-        ids[r, :len(x)] = torch.tensor(x)
-    am = torch.cat([torch.ones(len(xs), len(ci), dtype=torch.long), torch.ones_like(ids)], 1)   # right pads: causal, never attended by real tokens
-    lp = torch.log_softmax(model(input_ids=ids.to(device), attention_mask=am.to(device), past_key_values=cache,
-                                 use_cache=False).logits.float(), -1)                # [c, L, V]
-    res = np.zeros(len(xs))
-    for r, x in enumerate(xs):
-        tail = lp[r, :len(x) - 1].gather(1, torch.tensor(x[1:], device=lp.device)[:, None]).sum().item()
-        res[r] = first[x[0]].item() + tail                                            # Σ_t log p(x_t | prompt, x_<t)
-    return res
+    return [(ci, x) for x in xs]
+
+
+def choice_logprobs(model: nn.Module, tok, prompt: str, choices: Sequence[str], max_length: int = 512) -> np.ndarray:
+    """Σ log p(choice tokens | prompt) for each choice; the shared prompt runs once (``moelab.suite.scorer`` repeats
+    its KV cache over the choices)."""
+    res = scorer.loglikelihood_tokens(model, _choice_requests(tok, prompt, choices, max_length))
+    return np.array([lp for lp, _ in res], dtype=float)
 
 
 def choice_accuracy(model: nn.Module, tok, items: Sequence[dict], batch_size: int = 16,
                     max_length: int = 512) -> np.ndarray:
     """Per-item accuracy (0/1) of multiple-choice items ``dict(prompt, choices: list[str], label: int)``: the choice
-    with the highest summed log-likelihood wins (lm-eval's ``acc``; same prompt + " " + choice format)."""
-    acc = np.zeros(len(items))
-    for k, it in enumerate(progress.bar(items, desc="multiple-choice items", unit="item")):
+    with the highest summed log-likelihood wins (lm-eval's ``acc``; same prompt + " " + choice format). All items go
+    to ``moelab.suite.scorer`` in one call (each prompt runs once for all its choices)."""
+    reqs, spans = [], []
+    for k, it in enumerate(items):
         if not it.get("choices"):
             raise ValueError(f"item {k} has no choices")
-        lp = choice_logprobs(model, tok, it["prompt"], it["choices"], max_length)
-        acc[k] = float(int(np.argmax(lp)) == int(it["label"]))
-    return acc
+        r = _choice_requests(tok, it["prompt"], it["choices"], max_length)
+        spans.append((len(reqs), len(reqs) + len(r)))
+        reqs += r
+    lp = np.array([x for x, _ in scorer.loglikelihood_tokens(model, reqs, batch_size=batch_size)], dtype=float)
+    return np.array([float(int(np.argmax(lp[a:b])) == int(it["label"])) for (a, b), it in zip(spans, items)])
 
 
 def answer_logprob(model: nn.Module, tok, items: Sequence[dict], batch_size: int = 16,

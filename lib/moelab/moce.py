@@ -32,6 +32,7 @@ from torch import nn
 from moelab import progress
 from moelab.profiles import paper_input_hint
 from moelab.stats import elbow_max_chord
+from moelab.suite import scorer
 
 # ----------------------------------------------------------------------------------------------------------------------
 # 1. Sequence embeddings and clustering (§3.2, App. B, App. C)
@@ -868,19 +869,23 @@ def make_loss_fn(spec: MoCESpec):
     return loss_fn
 
 
-@torch.no_grad()
 def per_item_nll(stack: TopStack, examples: list[dict], batch_size: int = 16) -> np.ndarray:
-    """Mean answer-token NLL (nats/token) per example, cluster id set per sequence   [n]."""
-    stack.eval()
-    out = np.zeros(len(examples))
-    for b0 in range(0, len(examples), batch_size):
-        chunk = examples[b0:b0 + batch_size]
-        batch = collate(chunk)
-        with group_context(stack.model, batch["group_ids"], batch["mask"]):
-            nll = stack(batch["h"], batch["labels"])
-        n = (batch["labels"][:, 1:] != -100).sum(1).clamp_min(1)
-        out[b0:b0 + len(chunk)] = (nll.sum(1) / n).numpy()
-    return out
+    """Mean answer-token NLL (nats/token) per example, cluster id set per sequence   [n].
+
+    Scored by ``moelab.suite.scorer`` (issue 17) on the cached trunk states: the answer is the labelled tail of each
+    example (position t predicts ``labels[t + 1]``), batches by length, the LM head only on answer positions."""
+    reqs = []
+    for i, e in enumerate(examples):
+        lab = e["labels"]
+        keep = (lab != -100).nonzero().view(-1)
+        if len(keep) == 0 or int(keep[0]) == 0 or len(keep) != len(lab) - int(keep[0]):
+            raise ValueError(f"example {i}: labels must be -100 on a non-empty prompt followed by the answer tokens")
+        reqs.append((e["h"], lab[int(keep[0]):].tolist()))
+    groups = [int(e.get("group", 0)) for e in examples]
+    res = scorer.loglikelihood_embeddings(
+        stack, reqs, batch_size=batch_size,
+        batch_context=lambda rows, mask: group_context(stack.model, [groups[r] for r in rows], mask))
+    return np.array([-lp / len(t) for (lp, _), (_, t) in zip(res, reqs)])
 
 
 @dataclass

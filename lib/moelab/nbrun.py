@@ -1,8 +1,9 @@
 """Per-notebook run object: seeds, output directory, figures, tables, claims and provenance (foundation issue, item 6).
 
 A notebook's derived-settings cell does ``run = moelab.start_run("04_mass", profile=PROFILE, seed=SEED)`` and then
-saves every figure with ``run.savefig`` and every result table with ``run.save_table``; its conclusion cell records
-claims in ``run.claims`` and calls ``run.finish()``.
+saves every figure with ``run.savefig`` and every result table with ``run.save_table``; its conclusion cell calls
+``run.finish()``, which computes the claims from the saved tables with the notebook's claim definitions
+(``moelab.claims.defs.nb<notebook>``; docs/CLAIMS.md).
 
 Where outputs go (JupyterLab/runner issue, item 2):
 

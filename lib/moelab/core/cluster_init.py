@@ -255,6 +255,9 @@ def cluster_aware_expert_weights(W: torch.Tensor, x: torch.Tensor, labels: torch
 # ---------------------------------------------------------------------------------------------------------------
 # The initialiser hook for moelab.core.convert.moeify
 # ---------------------------------------------------------------------------------------------------------------
+GATED_ACTS = ("swiglu", "geglu", "geglu_tanh")  # Step 2 is written for ungated FFNs (one input projection W)
+
+
 def _router_rows(layer) -> torch.Tensor:
     w = layer._router_rows() if hasattr(layer, "_router_rows") else None
     if w is None:
@@ -337,6 +340,3 @@ class ClusterAwareInit:
             ex.w_out[i].copy_(r.weight.to(ex.w_out.dtype))
             ranks.append(r.rank)
         return ranks
-
-
-GATED_ACTS = ("swiglu", "geglu", "geglu_tanh")

@@ -13,18 +13,26 @@ Tasks (``TASKS``):
 - ``moelab_nll_{maths,code,reasoning}``: bits per byte of the reference answer given the instruction
   (``bpb = -log2 p(answer | instruction) / bytes(answer)``; lower is better).
 
-Every profile evaluates a fixed prefix of each task's seeded evaluation pool (``limit``). The request hook
+Every profile evaluates a fixed prefix of each task's seeded evaluation pool (``limit``). Log-likelihood requests
+are scored by ``moelab.suite.scorer`` through :class:`FastHFLM` (lm-eval model ``"moelab-fast"``, issue 17): HFLM's
+tokenisation and numbers, continuation-only logits, one context pass per multiple-choice item. The request hook
 (MoCE notebook 01: pick the sequence cluster's router) is called with each request's context text just before
-that request is scored; requests are then scored one at a time.
+that request is scored (requests then run one at a time), or, if it has ``for_batch(contexts)``, entered around
+every batched forward pass.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
 from pathlib import Path
 
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+
 from moelab import progress
+from moelab.suite import scorer
 
 TASK_DIR = Path(__file__).resolve().parents[3] / "data" / "lm_tasks"
 MC_TASKS = {"math_mc": "elementary_math_qa/question_only"}
@@ -38,6 +46,7 @@ TASKS = sorted([f"moelab_{k}" for k in MC_TASKS] + ["moelab_gsm", "moelab_humane
 PRIMARY_METRIC = {t: "acc" for t in TASKS} | {"moelab_gsm": "exact_match", "moelab_humaneval": "pass@1",
                                               "moelab_nll_maths": "bpb", "moelab_nll_code": "bpb",
                                               "moelab_nll_reasoning": "bpb"}
+MODEL_NAME = "moelab-fast"   # lm-eval model name of FastHFLM (issue 17)
 LIMITS = {"smoke": 5, "default": 200, "full": None, "paper": None}
 HUMANEVAL_TIMEOUT_S, HUMANEVAL_MEMORY_MB = 5.0, 512
 
@@ -141,42 +150,87 @@ def _task_manager():
     return TaskManager(include_path=str(TASK_DIR), include_defaults=False)
 
 
-def _hflm(model, tokenizer, batch_size, request_hook):
-    from lm_eval.models.huggingface import HFLM
+def _hook_scope(hook, context: str):
+    """The hook's state for one request: ``hook.for_batch([context])`` if it has one, else ``hook(context)``."""
+    if getattr(hook, "for_batch", None) is not None:
+        return hook.for_batch([context])
+    hook(context)
+    return contextlib.nullcontext()
 
-    class QuietHFLM(HFLM):
-        """HFLM whose request bars follow ``moelab.progress`` (off with ``MOELAB_PROGRESS=0``)."""
 
-        def loglikelihood(self, requests, disable_tqdm=False):
-            return super().loglikelihood(requests, disable_tqdm=disable_tqdm or not progress.enabled())
+@register_model(MODEL_NAME)
+class FastHFLM(HFLM):
+    """lm-eval's ``HFLM`` whose log-likelihood requests go through ``moelab.suite.scorer`` (issue 17).
 
-        def loglikelihood_rolling(self, requests, disable_tqdm=False):
+    Tokenisation (context/continuation split, BOS and prefix token, rolling windows) and generation are HFLM's own,
+    inherited; only ``_loglikelihood_tokens`` is replaced, so per-request numbers equal HFLM's (tested) at a fraction of
+    the cost. Registered as ``"moelab-fast"``: ``lm_eval.simple_evaluate(model="moelab-fast",
+    model_args="pretrained=<folder>")`` works once ``moelab.suite.lmeval`` is imported.
+
+    ``request_hook(context)``: called before scoring each request's context. A hook with a ``for_batch(contexts)``
+    attribute returning a context manager is entered around every forward pass with the contexts of its rows, so
+    requests stay batched; a plain hook makes each request run alone, right after its hook call (the old behaviour).
+    Request bars follow ``moelab.progress`` (off with ``MOELAB_PROGRESS=0``).
+    """
+
+    def __init__(self, *args, request_hook=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if request_hook is not None and not callable(request_hook):
+            raise ValueError(f"request_hook must be callable, got {request_hook!r}")
+        self.request_hook = request_hook
+
+    def _scorer_batch_size(self) -> int:
+        bs = self.batch_size
+        return bs if isinstance(bs, int) and bs > 0 else scorer.DEFAULT_BATCH_SIZE
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
+        hook = self.request_hook
+        if self.backend != "causal":
+            raise ValueError(f"{MODEL_NAME} scores causal LMs only (backend {self.backend!r}): use model='hf'")
+        toks = [(ctx, cont) for _, ctx, cont in requests]
+        kw = dict(batch_size=self._scorer_batch_size(), max_length=self.max_length)
+        if hook is None or getattr(hook, "for_batch", None) is not None or any(r[0] is None for r in requests):
+            batch_context = None
+            if hook is not None and getattr(hook, "for_batch", None) is not None:
+                ctx_of = [r[0][0] if r[0] is not None else "" for r in requests]
+                batch_context = lambda rows, mask: hook.for_batch([ctx_of[i] for i in rows])
+            res = scorer.loglikelihood_tokens(self.model, toks, batch_context=batch_context, **kw)
+        else:   # a plain per-request hook: each request alone, after its hook call
+            res = []
+            for (req_str, _, _), t in zip(progress.bar(requests, desc="loglikelihood requests", unit="req"), toks):
+                hook(req_str[0])
+                res += scorer.loglikelihood_tokens(self.model, [t], share_context=False, **kw)
+        for (req_str, _, _), ans in zip(requests, res):
+            if req_str is not None:
+                self.cache_hook.add_partial("loglikelihood", req_str, ans)
+        return res
+
+    def loglikelihood(self, requests, disable_tqdm=False):
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm or not progress.enabled())
+
+    def loglikelihood_rolling(self, requests, disable_tqdm=False):
+        hook = self.request_hook
+        if hook is None:
             return super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm or not progress.enabled())
+        out = []
+        for req in requests:    # the hook sees each document (rolling windows carry no context string)
+            with _hook_scope(hook, req.args[0]):
+                out += super().loglikelihood_rolling([req], disable_tqdm=True)
+        return out
 
-        def generate_until(self, requests, disable_tqdm=False):
+    def generate_until(self, requests, disable_tqdm=False):
+        if self.request_hook is None:
             return super().generate_until(requests, disable_tqdm=disable_tqdm or not progress.enabled())
+        out = []
+        for req in progress.bar(requests, desc="generate_until requests", unit="req"):
+            with _hook_scope(self.request_hook, req.args[0]):
+                out += super().generate_until([req], disable_tqdm=True)
+        return out
 
-    class HookedHFLM(HFLM):
-        """HFLM that calls ``request_hook(context)`` before scoring each request (then scores it alone)."""
 
-        def _each(self, method, requests, **kw):
-            out = []
-            for req in progress.bar(requests, desc=f"{method} requests", unit="req"):
-                request_hook(req.args[0])
-                out.extend(getattr(super(HookedHFLM, self), method)([req], disable_tqdm=True))
-            return out
-
-        def loglikelihood(self, requests, disable_tqdm=False):
-            return self._each("loglikelihood", requests)
-
-        def loglikelihood_rolling(self, requests, disable_tqdm=False):
-            return self._each("loglikelihood_rolling", requests)
-
-        def generate_until(self, requests, disable_tqdm=False):
-            return self._each("generate_until", requests)
-
-    cls = QuietHFLM if request_hook is None else HookedHFLM
-    return cls(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+def _hflm(model, tokenizer, batch_size, request_hook):
+    """The evaluation LM: :class:`FastHFLM` around the in-memory model."""
+    return FastHFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, request_hook=request_hook)
 
 
 def evaluate(model, tokenizer, tasks, limit=None, request_hook=None, batch_size: int = 8):
@@ -217,31 +271,32 @@ def evaluate(model, tokenizer, tasks, limit=None, request_hook=None, batch_size:
     return df
 
 
-def domain_nll(model, tok, items, batch_size: int = 8):
-    """Per-item negative log-likelihood and bits per byte of reference answers, computed directly with torch.
+def domain_nll(model, tok, items, batch_size: int = 1, batch_context=None):
+    """Per-item negative log-likelihood and bits per byte of reference answers, through ``moelab.suite.scorer``.
 
     ``items``: list of ``dict(instruction, answer)`` (e.g. ``instruct.build(p)["test"]``) or (context, answer)
-    pairs. Returns a DataFrame (nll = -sum log p(answer tokens | instruction) in nats, n_tokens, bpb).
+    pairs. Tokenisation as before issue 17 (context with the tokenizer's special tokens, answer with a leading space,
+    tokenised apart) so committed results keep their values. Returns a DataFrame (nll = -sum log p(answer tokens |
+    instruction) in nats, n_tokens, bpb). ``batch_size`` 1 (the old one-at-a-time passes) keeps per-sequence model
+    state set for one sequence valid (MoCE's ``set_group_ids``); pass more where the model has none, or set the state
+    per batch with ``batch_context(rows, attention_mask)`` (``moelab.suite.scorer``).
     """
     import pandas as pd
-    import torch
 
     pairs = [(it["instruction"], it["answer"]) if isinstance(it, dict) else tuple(it) for it in items]
     if not pairs:
         raise ValueError("domain_nll got no items")
-    rows = []
-    model.eval()
-    for ctx, ans in progress.bar(pairs, desc="answer NLL", unit="item"):
-        ctx_ids = tok(ctx, add_special_tokens=True)["input_ids"]
+    reqs = []
+    for ctx, ans in pairs:
         ans_ids = tok(" " + ans.lstrip() if not ans.startswith((" ", "\n")) else ans, add_special_tokens=False)["input_ids"]
         if not ans_ids:
             raise ValueError(f"empty reference answer for instruction {ctx[:60]!r}")
-        ids = torch.tensor([ctx_ids + ans_ids])
-        with torch.no_grad():
-            logits = model(ids).logits[0, len(ctx_ids) - 1:-1].float()
-        lp = torch.log_softmax(logits, -1).gather(1, torch.tensor(ans_ids)[:, None]).sum().item()
-        n_bytes = max(1, len(ans.encode("utf-8")))
-        rows.append(dict(nll=-lp, n_tokens=len(ans_ids), bpb=-lp / math.log(2) / n_bytes))
+        reqs.append((tok(ctx, add_special_tokens=True)["input_ids"], ans_ids))
+    # batch_size 1 without batch_context: one sequence per forward pass, also for answers sharing an instruction
+    res = scorer.loglikelihood_tokens(model, reqs, batch_size=batch_size, batch_context=batch_context,
+                                      share_context=batch_size > 1 or batch_context is not None)
+    rows = [dict(nll=-lp, n_tokens=len(r[1]), bpb=scorer.bits_per_byte(lp, ans))
+            for (lp, _), r, (_, ans) in zip(res, reqs, pairs)]
     return pd.DataFrame(rows)
 
 

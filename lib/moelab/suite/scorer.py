@@ -1,0 +1,331 @@
+"""One log-likelihood scorer for every language-model evaluation in moelab (issue 17).
+
+A request is a tokenised ``(context, continuation)`` pair; the answer is lm-eval's: ``(Σ_t log p(x_t | x_<t), is_greedy)``
+over the continuation's tokens, where ``is_greedy`` says that every continuation token is the argmax of its position.
+The numbers equal lm-eval's ``HFLM._loglikelihood_tokens`` on the same tokens (same left truncation to
+``max_length + 1`` tokens, float32 log-softmax); what changes is the work done to get them:
+
+- **continuation-only logits**: the model's body runs on the whole input, but the LM head and the float32 log-softmax
+  run only at the positions that predict a continuation token (HFLM computes ``[B, S, V]`` logits; the head is the
+  largest matmul of a small model, Gemma-3's has 262k rows);
+- **shared context**: requests with the same context tokens (the options of a multiple-choice item) run the context
+  once; its KV cache is repeated over the options, which then run only their own tokens (lm-eval shares the context
+  only for single-token options);
+- **batched by length**: the remaining sequences run in right-padded batches of similar length (causal attention:
+  right padding never reaches a real position).
+
+Models (:func:`as_scoring_model`): a Hugging Face causal LM (body ``get_decoder()``, head ``get_output_embeddings()``,
+Gemma-2-style final soft-capping when the config sets it), MoCE's cached-trunk :class:`moelab.moce.TopStack`
+(inputs are the trunk's hidden states, so requests carry embeddings and no KV cache: scored with the no-cache path),
+or any callable ``f(input_ids, attention_mask=None, past_key_values=None, use_cache=False)`` returning logits or an
+output with ``.logits`` (:class:`LogitsModel`: no head split, so no continuation-only saving).
+
+``batch_context(rows, attention_mask)``, optional, returns a context manager entered around every forward pass; ``rows``
+are the request indices of the batch rows (repeated for the options of a shared context). Callers set per-request
+model state with it (MoCE's sequence cluster ids); free_moe's purification masks are applied to the weights before the
+call and need nothing here.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+HEAD_CHUNK = 256          # positions per LM-head matmul + log-softmax (bounds the float32 [chunk, V] buffer)
+DEFAULT_BATCH_SIZE = 16
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# models
+# ----------------------------------------------------------------------------------------------------------------
+class ScoringModel:
+    """What the scorer needs from a model: ``body`` (inputs -> last hidden states, and the KV cache when asked) and
+    ``head`` (hidden states at the kept positions -> logits). ``takes_embeddings``: requests carry input vectors."""
+
+    supports_cache = False
+    takes_embeddings = False
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+
+    @property
+    def device(self) -> torch.device:
+        p = next(self.module.parameters(), None)
+        return p.device if p is not None else torch.device("cpu")
+
+    def body(self, inputs: torch.Tensor, attention_mask=None, past_key_values=None, use_cache: bool = False):
+        raise NotImplementedError
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def _softcap(model: nn.Module, logits: torch.Tensor) -> torch.Tensor:
+    cap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
+    return torch.tanh(logits / cap) * cap if cap else logits
+
+
+class HFCausalLM(ScoringModel):
+    """A Hugging Face ``*ForCausalLM``: body = ``get_decoder()`` (final norm applied), head = ``lm_head`` (+ soft-cap)."""
+
+    supports_cache = True
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        self.decoder = model.get_decoder()
+        self.lm_head = model.get_output_embeddings()
+        if self.decoder is None or self.lm_head is None:
+            raise ValueError(f"{type(model).__name__} has no decoder/LM-head split: wrap it in scorer.LogitsModel")
+
+    def body(self, inputs, attention_mask=None, past_key_values=None, use_cache=False):
+        out = self.decoder(input_ids=inputs, attention_mask=attention_mask, past_key_values=past_key_values,
+                           use_cache=use_cache)
+        return out.last_hidden_state, (out.past_key_values if use_cache else None)
+
+    def head(self, hidden):
+        return _softcap(self.module, self.lm_head(hidden))
+
+
+class TopStackModel(ScoringModel):
+    """MoCE's :class:`moelab.moce.TopStack`: inputs are the frozen trunk's hidden states ``[B, S, d]``; no KV cache
+    (``TopStack.hidden`` runs the model with ``use_cache=False``), so shared contexts are not shared here."""
+
+    takes_embeddings = True
+
+    def __init__(self, stack: nn.Module):
+        super().__init__(stack)
+        self.stack = stack
+
+    def body(self, inputs, attention_mask=None, past_key_values=None, use_cache=False):
+        return self.stack.hidden(inputs), None
+
+    def head(self, hidden):
+        return _softcap(self.stack.model, self.stack.model.lm_head(hidden))
+
+
+class LogitsModel(ScoringModel):
+    """Any forward ``f(input_ids, attention_mask=None, past_key_values=None, use_cache=False)`` that returns logits
+    (a tensor or an output with ``.logits``): the "hidden state" is the logits, the head is the identity.
+    ``supports_cache``: the forward accepts ``past_key_values`` and returns them (``.past_key_values``)."""
+
+    def __init__(self, forward: Callable, module: nn.Module | None = None, supports_cache: bool = False):
+        super().__init__(module if module is not None else (forward if isinstance(forward, nn.Module) else nn.Module()))
+        self.forward = forward
+        self.supports_cache = supports_cache
+
+    def body(self, inputs, attention_mask=None, past_key_values=None, use_cache=False):
+        kw = dict(past_key_values=past_key_values, use_cache=use_cache) if self.supports_cache else {}
+        out = self.forward(inputs, attention_mask=attention_mask, **kw)
+        logits = out if torch.is_tensor(out) else out.logits
+        return logits, (out.past_key_values if use_cache and not torch.is_tensor(out) else None)
+
+    def head(self, hidden):
+        return hidden
+
+
+def as_scoring_model(model) -> ScoringModel:
+    """The :class:`ScoringModel` for ``model`` (see the module docstring for what is accepted)."""
+    if isinstance(model, ScoringModel):
+        return model
+    moce = sys.modules.get("moelab.moce")              # a TopStack exists only once moelab.moce is imported
+    if moce is not None and isinstance(model, moce.TopStack):
+        return TopStackModel(model)
+    if isinstance(model, nn.Module) and hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings"):
+        if model.get_decoder() is not None and model.get_output_embeddings() is not None:
+            return HFCausalLM(model)
+    if callable(model):
+        return LogitsModel(model)
+    raise ValueError(f"cannot score with a {type(model).__name__}: pass a Hugging Face causal LM, a moce.TopStack, "
+                     "a callable returning logits, or a scorer.ScoringModel")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the head on kept positions
+# ----------------------------------------------------------------------------------------------------------------
+def _head_scores(sm: ScoringModel, hidden: torch.Tensor, pos: torch.Tensor, tok: torch.Tensor):
+    """log p(tok_j) and [argmax == tok_j] at hidden row ``pos[j]``: ``hidden [P, d]`` (the kept positions only),
+    head + float32 log-softmax in chunks of ``HEAD_CHUNK`` positions."""
+    lp = torch.empty(len(pos), dtype=torch.float64)
+    greedy = torch.empty(len(pos), dtype=torch.bool)
+    pos, tok = pos.to(hidden.device), tok.to(hidden.device)
+    for a in range(0, hidden.shape[0], HEAD_CHUNK):
+        b = min(a + HEAD_CHUNK, hidden.shape[0])
+        logits = sm.head(hidden[a:b]).float()                              # [c, V]
+        lsm = F.log_softmax(logits, dim=-1)
+        top = logits.argmax(-1)
+        sel = ((pos >= a) & (pos < b)).nonzero().view(-1)
+        if len(sel):
+            p, t = pos[sel] - a, tok[sel]
+            lp[sel.cpu()] = lsm[p, t].double().cpu()
+            greedy[sel.cpu()] = (top[p] == t).cpu()
+    return lp, greedy
+
+
+def _collect(parts, lp, greedy, out):
+    """Sum per request: ``parts`` is a list of (request index, slice into the flat target arrays)."""
+    for r, sl in parts:
+        out[r] = (float(lp[sl].sum()), bool(greedy[sl].all()))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the two paths
+# ----------------------------------------------------------------------------------------------------------------
+def _run_plain(sm, items, batch_size, batch_context, out):
+    """``items``: (inputs [L] ids or [L, d], n kept positions at the end, [(request, targets[n])...]); sorted by length
+    (longest first, as lm-eval), right-padded batches, no KV cache."""
+    items = sorted(items, key=lambda it: -len(it[0]))
+    device = sm.device
+    for s in range(0, len(items), batch_size):
+        chunk = items[s:s + batch_size]
+        L = len(chunk[0][0])
+        if sm.takes_embeddings:
+            d = chunk[0][0].shape[-1]
+            x = torch.zeros(len(chunk), L, d, dtype=chunk[0][0].dtype)
+        else:
+            x = torch.zeros(len(chunk), L, dtype=torch.long)
+        mask = torch.zeros(len(chunk), L, dtype=torch.long)
+        rows, cols, pos, tok, parts = [], [], [], [], []
+        for b, (inp, n, sets) in enumerate(chunk):
+            x[b, :len(inp)] = inp if torch.is_tensor(inp) else torch.as_tensor(inp)
+            mask[b, :len(inp)] = 1
+            base = len(rows)
+            rows += [b] * n
+            cols += list(range(len(inp) - n, len(inp)))
+            for r, tg in sets:
+                parts.append((r, slice(len(pos), len(pos) + n)))
+                pos += range(base, base + n)
+                tok += list(tg)
+        with batch_context([sets[0][0] for _, _, sets in chunk], mask):
+            hidden, _ = sm.body(x.to(device))                             # no mask: right padding is causal-safe
+        kept = hidden[torch.tensor(rows, device=hidden.device), torch.tensor(cols, device=hidden.device)]
+        lp, greedy = _head_scores(sm, kept, torch.tensor(pos), torch.tensor(tok))
+        _collect(parts, lp, greedy, out)
+
+
+def _run_shared(sm, ctx, options, batch_context, out):
+    """One context, several options (some longer than one token): the context runs once with the KV cache, the
+    cache is repeated over the options, which run their own tokens (right-padded, all attended: causal)."""
+    device = sm.device
+    r0 = options[0][0]
+    with batch_context([r0], torch.ones(1, len(ctx), dtype=torch.long)):
+        hidden, past = sm.body(torch.tensor([ctx], device=device), use_cache=True)
+    first = hidden[0, -1:]                                                 # predicts every option's first token
+    multi = [(r, tg) for r, tg in options if len(tg) > 1]
+    pos, tok, parts = [], [], []
+    for r, tg in options:
+        parts.append((r, slice(len(pos), len(pos) + len(tg))))
+        pos.append(0)
+        tok.append(tg[0])
+        pos += [None] * (len(tg) - 1)                                     # filled below (rows of the option pass)
+        tok += list(tg[1:])
+    kept = [first]
+    if multi:
+        Lo = max(len(tg) for _, tg in multi) - 1
+        ids = torch.zeros(len(multi), Lo, dtype=torch.long)
+        for b, (_, tg) in enumerate(multi):
+            ids[b, :len(tg) - 1] = torch.tensor(tg[:-1])
+        past.batch_repeat_interleave(len(multi))
+        am = torch.ones(len(multi), len(ctx) + Lo, dtype=torch.long)
+        with batch_context([r for r, _ in multi], am):
+            h2, _ = sm.body(ids.to(device), attention_mask=am.to(device), past_key_values=past)
+        rows = torch.cat([torch.full((len(tg) - 1,), b) for b, (_, tg) in enumerate(multi)])
+        cols = torch.cat([torch.arange(len(tg) - 1) for _, tg in multi])
+        kept.append(h2[rows.to(h2.device), cols.to(h2.device)])
+        nxt = iter(range(1, 1 + len(rows)))
+        pos = [p if p is not None else next(nxt) for p in pos]
+    lp, greedy = _head_scores(sm, torch.cat(kept), torch.tensor(pos), torch.tensor(tok))
+    _collect(parts, lp, greedy, out)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# public entry points
+# ----------------------------------------------------------------------------------------------------------------
+def _no_context(rows, mask):
+    return contextlib.nullcontext()
+
+
+def _check_batch(batch_size):
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+
+
+@torch.no_grad()
+def loglikelihood_tokens(model, requests: Sequence[tuple[Sequence[int], Sequence[int]]], *,
+                         batch_size: int = DEFAULT_BATCH_SIZE, max_length: int | None = None,
+                         share_context: bool = True, batch_context=None) -> list[tuple[float, bool]]:
+    """``(Σ log p(continuation | context), is_greedy)`` per ``(context_ids, continuation_ids)`` request, in order.
+
+    ``max_length``: lm-eval's left truncation (the input ``(context + continuation)[-(max_length + 1):][:-1]``);
+    None = no truncation. ``share_context``: run a context shared by several requests once (KV cache over the
+    options). ``batch_context(rows, attention_mask)``: see the module docstring.
+    """
+    _check_batch(batch_size)
+    sm = as_scoring_model(model)
+    if sm.takes_embeddings:
+        raise ValueError(f"{type(sm).__name__} takes hidden states: use scorer.loglikelihood_embeddings")
+    batch_context = batch_context or _no_context
+    groups: dict[tuple, list] = {}
+    for i, (ctx, cont) in enumerate(requests):
+        ctx, cont = [int(t) for t in ctx], [int(t) for t in cont]
+        if not cont:
+            raise ValueError(f"request {i} has an empty continuation: every request needs at least one token to score")
+        if max_length is not None:
+            if len(cont) > max_length:
+                raise ValueError(f"request {i}: continuation of {len(cont)} tokens exceeds max_length={max_length}")
+            ctx = (ctx + cont)[-(max_length + 1):][:-len(cont)]
+        if not ctx:
+            raise ValueError(f"request {i} has an empty context: prepend a BOS/EOS token (lm-eval's prefix token)")
+        groups.setdefault(tuple(ctx), []).append((i, cont))
+    out: list = [None] * len(requests)
+    plain = []
+    was_training = sm.module.training
+    sm.module.eval()
+    try:
+        for ctx, opts in groups.items():
+            ctx = list(ctx)
+            if share_context and len(opts) > 1 and all(len(c) == 1 for _, c in opts):
+                plain.append((ctx, 1, opts))                               # one forward of the context serves all
+            elif share_context and len(opts) > 1 and sm.supports_cache:
+                _run_shared(sm, ctx, opts, batch_context, out)
+            else:
+                plain += [((ctx + c)[:-1], len(c), [(r, c)]) for r, c in opts]
+        _run_plain(sm, plain, batch_size, batch_context, out)
+    finally:
+        sm.module.train(was_training)
+    return out
+
+
+@torch.no_grad()
+def loglikelihood_embeddings(model, requests: Sequence[tuple[torch.Tensor, Sequence[int]]], *,
+                             batch_size: int = DEFAULT_BATCH_SIZE, batch_context=None) -> list[tuple[float, bool]]:
+    """The same for models that take input vectors (MoCE's :class:`TopStack`): a request is ``(inputs [S, d],
+    targets [n])``, the last ``n`` of the ``S`` positions being the continuation whose token ids are ``targets``
+    (position ``S - n - 1 + j`` predicts ``targets[j]``). No KV cache."""
+    _check_batch(batch_size)
+    sm = as_scoring_model(model)
+    items = []
+    for i, (x, tg) in enumerate(requests):
+        tg = [int(t) for t in tg]
+        if x.dim() != 2:
+            raise ValueError(f"request {i}: inputs must be [S, d], got shape {tuple(x.shape)}")
+        if not tg or len(tg) >= x.shape[0]:
+            raise ValueError(f"request {i}: need 1 <= len(targets) < S, got {len(tg)} targets for S={x.shape[0]}")
+        items.append((x[:-1], len(tg), [(i, tg)]))
+    out: list = [None] * len(requests)
+    was_training = sm.module.training
+    sm.module.eval()
+    try:
+        _run_plain(sm, items, batch_size, batch_context or _no_context, out)
+    finally:
+        sm.module.train(was_training)
+    return out
+
+
+def bits_per_byte(loglikelihood: float, text: str) -> float:
+    """``-loglikelihood / ln 2 / bytes(text)`` (at least one byte): the suite's answer-likelihood metric."""
+    return float(-loglikelihood / math.log(2) / max(1, len(text.encode("utf-8"))))
