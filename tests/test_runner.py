@@ -5,6 +5,7 @@ failed or killed run (tested with real papermill runs, one of them SIGKILLed mid
 and never an empty ``paper/``; publishing ``default`` keeps ``full/`` and ``paper/``.
 """
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -169,3 +170,28 @@ def test_missing_paper_inputs_say_what_to_pass():
         free_moe.load_local_model(None)
     msg = str(e.value)
     assert "make assets" not in msg and "-p MODEL_PATH=" in msg
+
+
+def test_verify_catches_a_change_that_flips_a_verdict(runner, tmp_figures, monkeypatch, tmp_path):
+    """Publish a tiny notebook whose table gives the primer's top-p claim a 'reproduced' verdict, then change the
+    notebook so that the cold rerun gives another verdict: `verify` reports it and exits 1; unchanged, it passes."""
+    monkeypatch.setattr(notebooks, "VERIFY", tmp_path / "verify")
+    monkeypatch.setattr(notebooks, "VERIFY_DOCS", tmp_path / "verify-docs")
+    monkeypatch.setenv("MOELAB_CACHE", str(tmp_path / "cache"))
+    body = ('import numpy as np\ncfg = {"top_p": [0.5], "top_k": 2}\nrun.save_json(cfg, "config")\n'
+            'rng = np.random.default_rng(0)\n'
+            'rows = [dict(rule="top-2", layer=0, token=t, active=2) for t in range(300)]\n'
+            'rows += [dict(rule="top-p 0.5", layer=0, token=t, active=int(1 + (VARY and rng.random() < 0.4)))\n'
+            '         for t in range(300)]\n'
+            'run.save_table(pd.DataFrame(rows), "table6", "active_experts")\nrun.finish()\n')
+    _write_nb(runner / "nbs", "VARY = True\n" + body)
+    assert notebooks.main(["run", "--profile", "default", "--no-progress", "--force", "--only", "00"]) == 0
+    committed = json.loads((tmp_figures / "figures" / NB / "claims.json").read_text())
+    assert {c["id"]: c["verdict"] for c in committed["claims"]}["top_p_count_varies"] == "reproduced"
+    verify = ["verify", "--profile", "default", "--no-progress", "--only", "00"]
+    assert notebooks.main(verify) == 0                                   # same code: every claim agrees
+    _write_nb(runner / "nbs", "VARY = False\n" + body)                  # the deliberate change
+    assert notebooks.main(verify) == 1
+    report = (tmp_path / "verify-docs" / f"{NB}.md").read_text()
+    assert "| top_p_count_varies | reproduced |" in report and "flipped" in report
+    assert json.loads((tmp_figures / "figures" / NB / "claims.json").read_text()) == committed   # never published

@@ -189,7 +189,8 @@ def rebuild(folder, write: bool = True, changelog="auto") -> list[dict]:
 def output_folders(root: Path | None = None) -> list[Path]:
     """Every folder under ``root`` (default: figures/) that holds a provenance.json."""
     root = Path(root) if root is not None else figures_root()
-    return sorted(p.parent for p in root.glob("**/provenance.json"))
+    return sorted(p.parent for p in root.glob("**/provenance.json")
+                  if not any(part.startswith(".") for part in p.relative_to(root).parts))   # staging folders
 
 
 def check(root: Path | None = None) -> list[str]:
