@@ -9,14 +9,7 @@ import torch.nn as nn
 
 from moelab import cluster_upcycling as cu
 
-
-def _blobs(n_per=60, d=16, E=4, noise=0.05, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    dirs = torch.nn.functional.normalize(torch.randn(E, d, generator=g), dim=1)
-    x = torch.cat([dirs[i] * (1 + torch.rand(n_per, 1, generator=g) * 3) + noise * torch.randn(n_per, d, generator=g)
-                   for i in range(E)])
-    y = torch.arange(E).repeat_interleave(n_per)
-    return x, y, dirs
+from test_core_init import _blobs   # the same synthetic clusters as the core initialiser tests
 
 
 # ---------------------------------------------------------------- Steps 1-3 and panel 2 moved to the core
