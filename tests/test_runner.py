@@ -195,3 +195,23 @@ def test_verify_catches_a_change_that_flips_a_verdict(runner, tmp_figures, monke
     report = (tmp_path / "verify-docs" / f"{NB}.md").read_text()
     assert "| top_p_count_varies | reproduced |" in report and "flipped" in report
     assert json.loads((tmp_figures / "figures" / NB / "claims.json").read_text()) == committed   # never published
+
+
+def test_resume_skip_recomputes_claims_and_verdict_code_is_not_a_source(runner, tmp_figures):
+    """Verdict code is not part of a run's sources (a claims change never reruns a notebook); a skipped, current
+    notebook gets its claims recomputed from its saved tables instead."""
+    _write_nb(runner / "nbs", 'run.save_table(pd.DataFrame({"a": [1]}), "table1", "x")\nrun.finish()\n')
+    args = ["run", "--profile", "default", "--no-progress", "--only", "00"]
+    assert notebooks.main(args + ["--force"]) == 0
+    fig = tmp_figures / "figures" / NB
+    prov = json.loads((fig / "provenance.json").read_text())
+    assert prov["sources"] and not [k for k in prov["sources"] if k.startswith(nbrun.VERDICT_CODE)]
+    good = (fig / "claims.json").read_text()
+    data = json.loads(good)
+    data["claims"][0]["verdict"] = "reproduced" if data["claims"][0]["verdict"] != "reproduced" else "contradicted"
+    (fig / "claims.json").write_text(json.dumps(data))
+    # the tiny notebook is not the real 00 source, so the resume check sees a changed source: pretend it is current
+    prov["sources"] = {k: v for k, v in prov["sources"].items() if not k.startswith("notebooks/")}
+    (fig / "provenance.json").write_text(json.dumps(prov))
+    assert notebooks.main(args) == 0
+    assert json.loads((fig / "claims.json").read_text())["claims"] == json.loads(good)["claims"]

@@ -191,8 +191,16 @@ def file_sha(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
+# not sources of a run's numbers: verdict code (recomputed from saved tables by `moelab.claims rebuild`, never by a
+# rerun) and the run plumbing (where files go, provenance, the runner)
+VERDICT_CODE = ("lib/moelab/claims/", "lib/moelab/nbrun.py", "lib/moelab/notebooks.py")
+
+
 def source_hashes(notebook: str) -> dict:
-    """Content hashes of the notebook's source and every moelab module imported so far (for the staleness report)."""
+    """Content hashes of the notebook's source and every moelab module imported so far (for the staleness report and
+    the runner's resume check). The claims package is left out (a change there is applied to published folders by
+    ``python -m moelab.claims rebuild``, and by the runner when it skips a current notebook, not by a rerun), and so
+    is the run plumbing (this module and the runner), which decides where files go, not what they contain."""
     out = {}
     nb = REPO_ROOT / "notebooks" / f"{notebook}.py"
     if nb.exists():
@@ -201,7 +209,9 @@ def source_hashes(notebook: str) -> dict:
     for name, mod in sorted(sys.modules.items()):
         f = getattr(mod, "__file__", None)
         if name.startswith("moelab") and f and Path(f).resolve().is_relative_to(lib):
-            out[str(Path(f).resolve().relative_to(REPO_ROOT))] = file_sha(Path(f))
+            rel = str(Path(f).resolve().relative_to(REPO_ROOT))
+            if not rel.startswith(VERDICT_CODE):
+                out[rel] = file_sha(Path(f))
     return out
 
 

@@ -31,8 +31,10 @@ import time
 from pathlib import Path
 
 from moelab.cache import cache_root
+from moelab.claims import rebuild as claims_rebuild
 from moelab.claims import scorecard_markdown
-from moelab.nbrun import REPO_ROOT, figures_root, file_sha, git_commit, output_dir, recover_published
+from moelab.nbrun import (REPO_ROOT, VERDICT_CODE, figures_root, file_sha, git_commit, output_dir,
+                          recover_published)
 from moelab.profiles import PROFILES, check_profile
 
 NB_DIR = REPO_ROOT / "notebooks"
@@ -58,6 +60,8 @@ def sources_current(prov_path: Path) -> tuple[bool, list[str]]:
     prov = json.loads(prov_path.read_text())
     changed = []
     for rel, sha in prov.get("sources", {}).items():
+        if rel.startswith(VERDICT_CODE):   # provenance written before the claims package was left out
+            continue
         p = REPO_ROOT / rel
         if not p.exists() or file_sha(p) != sha:
             changed.append(rel)
@@ -161,7 +165,10 @@ def cmd_run(a) -> int:
         prov = output_dir(src.stem, a.profile, publish) / "provenance.json"
         current, _ = sources_current(prov)
         if current and not a.force and not params:
-            print(f"[{i}/{len(nbs)}] {src.stem}: up to date for profile {a.profile} (skip; --force reruns)", flush=True)
+            if publish:   # the claim definitions may have changed since: recompute from the saved tables
+                claims_rebuild(prov.parent)
+            print(f"[{i}/{len(nbs)}] {src.stem}: up to date for profile {a.profile} (skip; --force reruns; claims "
+                  f"recomputed from the saved tables)", flush=True)
             results.append((src.stem, "skipped", 0.0))
             continue
         print(f"[{i}/{len(nbs)}] {src.stem}: running profile {a.profile} ...", flush=True)
