@@ -170,3 +170,29 @@ def test_stacked_loop_zero_gate_grad_raises_unless_frozen():
     # a single-expert pool has probability 1 under any rule: zero gradient, nothing to route, so not an error
     h1 = train_stacked(_stacked(E=1, top_k=1), docs, steps=3, batch_size=4, lr=1e-2, progress_bar=False)
     assert (h1.router_grad_norm < D.ZERO_GRAD_TOL).all() and (h1.active_experts == 1).all()
+
+
+def test_router_grad_summary_for_training_tables():
+    import math
+
+    import pandas as pd
+
+    from moelab.core.diagnostics import router_grad_summary
+
+    h = pd.DataFrame({"step": [1, 2, 3, 4], "router_grad_norm": [0.5, float("nan"), 0.2, 0.3]})
+    assert router_grad_summary(h) == {"router_grad_norm_min": 0.2, "router_grad_norm_last": 0.3}
+    none = router_grad_summary(pd.DataFrame({"step": [1], "loss": [1.0]}))    # a dense run: no router logged
+    assert all(math.isnan(v) for v in none.values())
+    assert all(math.isnan(v) for v in router_grad_summary(None).values())
+
+
+def test_training_tables_show_router_grad_norm():
+    import pandas as pd
+
+    from moelab import sba
+
+    h = pd.DataFrame({"step": [1, 2, 3], "mnrl": [2.0, 1.5, 1.2], "router_grad_norm": [0.4, 0.3, 0.1]})
+    v = pd.DataFrame({"step": [1, 3], "val_mnrl": [2.1, 1.4]})
+    runs = {("linear", 0): {"history": h, "val": v, "flattened": (False, 0.3), "wall_s": 1.0}}
+    row = sba.training_table(runs).iloc[0]
+    assert row.router_grad_norm_min == 0.1 and row.router_grad_norm_last == 0.1

@@ -612,7 +612,8 @@ def utilisation_table(results) -> "pd.DataFrame":
 
 
 def entropy_history(results) -> "pd.DataFrame":
-    """Routing entropy (normalised, mean over MoE layers) per training step, per (method, seed)."""
+    """Routing entropy (normalised, mean over MoE layers) per training step, per (method, seed), with the router's
+    task-loss gradient norm at the steps where the trainer logged it (issue 15, item 1)."""
     import pandas as pd
 
     frames = []
@@ -621,7 +622,8 @@ def entropy_history(results) -> "pd.DataFrame":
         if h is None or "routing_entropy" not in h:
             continue
         frames.append(pd.DataFrame({"method": r["method"], "seed": r["seed"], "step": h["step"],
-                                    "routing_entropy": h["routing_entropy"]}))
+                                    "routing_entropy": h["routing_entropy"],
+                                    "router_grad_norm": h["router_grad_norm"] if "router_grad_norm" in h else np.nan}))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 

@@ -662,6 +662,8 @@ def run_mass(setup: SynthSetup, mass_cfg: MassConfig, seeds, init_experts: int =
     table = pd.DataFrame(dict(seed=list(seeds), final_experts=model.active.sum(1).numpy(),
                               mean_active=(w > 0).sum(-1).mean(1), test_loss=items.mean(1),
                               stop_reason=[r or "phase_end" for r in ex.stop_reason]))
+    grads = pd.DataFrame([diagnostics.router_grad_summary(hist[hist.model == m]) for m in range(R)])
+    table = pd.concat([table, grads], axis=1)
     trace = pd.DataFrame(ex.trace, columns=["step", "model", "expert", "grad_norm", "z", "p"])
     events = pd.DataFrame(ex.events, columns=["step", "model", "kind", "expert", "new", "p", "cos"])
     return dict(table=table, item_losses=items, events=events, trace=trace, history=hist, routing=w)

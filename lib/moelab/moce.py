@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from moelab import progress
+from moelab.core import diagnostics
 from moelab.profiles import paper_input_hint
 from moelab.stats import elbow_max_chord
 from moelab.suite import scorer
@@ -1301,6 +1302,7 @@ def criterion_table(results: list[VariantResult], n_layers: int, d_model: int):
                           "val_loss_first": float(r.eval_history.val_loss.iloc[0]),
                           "val_loss_last": float(r.eval_history.val_loss.iloc[-1]),
                           "rel_fall_last20pct": r.rel_fall, "flattened": r.flat,
+                          **diagnostics.router_grad_summary(r.history),
                           "groups_M": r.spec.num_groups, "experts_per_group_N": r.spec.experts_per_group,
                           "general_experts": r.spec.num_general, "top_k": r.spec.top_k, "adapter_rank": r.spec.rank,
                           **r.params, "active_adapter_params": active_adapter_params(r.spec, d_model, n_layers)}

@@ -30,6 +30,7 @@ import torch
 # expert_similarity and jensen_shannon are re-exported here (the JSD also backs routing_jsd below)
 from moelab.core.cluster_init import ClusterAwareInit
 from moelab.core.similarity import expert_similarity
+from moelab.core import diagnostics
 from moelab.profiles import paper_input_hint
 from moelab.stats import jensen_shannon
 
@@ -686,7 +687,8 @@ def training_table(runs: dict) -> pd.DataFrame:
                          val_mnrl_last=float(v.val_mnrl.iloc[-1]) if len(v) else np.nan,
                          flattened=bool(flat), val_relative_fall=float(fall),
                          train_flattened=bool(_flattened(h.mnrl.to_numpy())[0]),
-                         train_relative_fall=float(_flattened(h.mnrl.to_numpy())[1]), wall_s=float(r["wall_s"])))
+                         train_relative_fall=float(_flattened(h.mnrl.to_numpy())[1]), wall_s=float(r["wall_s"]),
+                         **diagnostics.router_grad_summary(h)))
     return pd.DataFrame(rows)
 
 

@@ -25,7 +25,7 @@ from torch import nn
 from .routing import CosineRouter, GroupRouter, LinearRouter, TopAnyGate
 
 __all__ = ["ROUTER_TYPES", "ZERO_GRAD_TOL", "find_routers", "router_grads", "router_grad_norms", "grad_norm",
-           "check_router_learns"]
+           "check_router_learns", "router_grad_summary"]
 
 ROUTER_TYPES = (LinearRouter, GroupRouter, CosineRouter, TopAnyGate)
 ZERO_GRAD_TOL = 1e-12  # a router gradient norm below this counts as zero (float noise of an exact-zero gradient)
@@ -113,3 +113,13 @@ def check_router_learns(norms: Mapping[str, Iterable[float]], run: str, router_f
             f"and renormalises its weight to exactly 1 (top-1 with renormalize=True or softmax over the kept logits, "
             f"top-p keeping one expert). Fix: keep the raw probability for single-expert routes (the core's default), "
             f"use top_k >= 2, or, if the router is frozen on purpose, pass router_frozen=True")
+
+
+def router_grad_summary(history, column: str = "router_grad_norm") -> dict[str, float]:
+    """What a notebook's training table shows of the router's task-loss gradient (issue 15, item 1): the smallest and
+    the last logged norm of ``history[column]`` (a DataFrame or mapping of per-step values; NaN where no router was
+    logged). ``{"router_grad_norm_min": nan, "router_grad_norm_last": nan}`` for a run without routers."""
+    values = [] if history is None or column not in history else [float(v) for v in history[column]]
+    logged = [v for v in values if not math.isnan(v)]
+    return {f"{column}_min": min(logged) if logged else math.nan,
+            f"{column}_last": logged[-1] if logged else math.nan}
