@@ -100,6 +100,32 @@ def test_shared_context_equals_plain_path_and_greedy_flag(tiny_gemma):
     assert not scorer.loglikelihood_tokens(model, [(ctx, [(g[0] + 1) % len(tok)])])[0][1]
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_packed_rows_equal_plain_path(family, monkeypatch):
+    """Several multiple-choice items per forward pass (context once, options in the same row under a mask) give the
+    plain path's numbers; with sliding-window layers the mask mapping carries the window (tiny Gemma's is 3, far
+    shorter than the rows); a decoder that cannot take the mapping falls back to the KV-cache path."""
+    model = _tiny(family)
+    g = torch.Generator().manual_seed(1)
+    reqs = []
+    for n_ctx in (9, 4, 13):   # three items, options of 1-5 tokens (some single-token, so rows mix both kinds)
+        ctx = torch.randint(2, 64, (n_ctx,), generator=g).tolist()
+        reqs += [(ctx, torch.randint(2, 64, (k,), generator=g).tolist()) for k in (3, 1, 5)]
+    plain = scorer.loglikelihood_tokens(model, reqs, share_context=False)
+    monkeypatch.setattr(scorer, "_run_shared", lambda *a: pytest.fail("the packed path should have served"))
+    packed = scorer.loglikelihood_tokens(model, reqs, batch_size=2)
+    np.testing.assert_allclose([x for x, _ in packed], [x for x, _ in plain], atol=1e-5)
+    assert [g for _, g in packed] == [g for _, g in plain]
+    monkeypatch.undo()
+    if family == "gemma3":
+        sm = scorer.as_scoring_model(model)
+        assert sm.sliding_window == 3 and sm.takes_mask_mapping
+        sm.takes_mask_mapping = False          # a decoder without the mapping: rows longer than the window fall back
+        monkeypatch.setattr(scorer, "_run_packed", lambda sm, items, *a: items and pytest.fail("must not pack"))
+        fallback = scorer.loglikelihood_tokens(sm, reqs, batch_size=2)
+        np.testing.assert_allclose([x for x, _ in fallback], [x for x, _ in plain], atol=1e-5)
+
+
 def test_bad_requests(tiny_gemma):
     model, _ = tiny_gemma
     with pytest.raises(ValueError, match="empty continuation"):

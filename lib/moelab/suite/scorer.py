@@ -9,8 +9,10 @@ The numbers equal lm-eval's ``HFLM._loglikelihood_tokens`` on the same tokens (s
   run only at the positions that predict a continuation token (HFLM computes ``[B, S, V]`` logits; the head is the
   largest matmul of a small model, Gemma-3's has 262k rows);
 - **shared context**: requests with the same context tokens (the options of a multiple-choice item) run the context
-  once; its KV cache is repeated over the options, which then run only their own tokens (lm-eval shares the context
-  only for single-token options);
+  once (lm-eval shares the context only for single-token options). Hugging Face models pack the context and all its
+  options into one row under a mask that lets each option see only the context and itself (with the options'
+  position ids continuing the context's), several items per forward pass; other models with a KV cache run the
+  context once and repeat its cache over the options;
 - **batched by length**: the remaining sequences run in right-padded batches of similar length (causal attention:
   right padding never reaches a real position).
 
@@ -28,6 +30,7 @@ call and need nothing here.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import sys
 from typing import Callable, Sequence
@@ -71,7 +74,12 @@ def _softcap(model: nn.Module, logits: torch.Tensor) -> torch.Tensor:
 
 
 class HFCausalLM(ScoringModel):
-    """A Hugging Face ``*ForCausalLM``: body = ``get_decoder()`` (final norm applied), head = ``lm_head`` (+ soft-cap)."""
+    """A Hugging Face ``*ForCausalLM``: body = ``get_decoder()`` (final norm applied), head = ``lm_head`` (+ soft-cap).
+
+    Packing (:func:`_run_packed`) passes a custom 4-D additive mask and explicit position ids: transformers returns a
+    4-D mask unchanged (``masking_utils``) for the ``eager`` and ``sdpa`` attention kernels. Models with sliding-window
+    layers (Gemma-3) take a ``{layer type: mask}`` mapping when their decoder reads one; otherwise a packed row must fit
+    in the window (else the item runs on the KV-cache path)."""
 
     supports_cache = True
 
@@ -81,10 +89,24 @@ class HFCausalLM(ScoringModel):
         self.lm_head = model.get_output_embeddings()
         if self.decoder is None or self.lm_head is None:
             raise ValueError(f"{type(model).__name__} has no decoder/LM-head split: wrap it in scorer.LogitsModel")
+        cfg = getattr(model, "config", None)
+        self.supports_packing = getattr(cfg, "_attn_implementation", None) in ("eager", "sdpa")
+        types = getattr(cfg, "layer_types", None) or []
+        self.sliding_window = getattr(cfg, "sliding_window", None) if "sliding_attention" in types else None
+        self.layer_types = sorted(set(types))
+        try:   # decoders written as Gemma-3's read a {layer type: 4-D mask} mapping
+            self.takes_mask_mapping = "causal_mask_mapping := attention_mask, dict" in inspect.getsource(
+                type(self.decoder).forward)
+        except (OSError, TypeError):
+            self.takes_mask_mapping = False
 
-    def body(self, inputs, attention_mask=None, past_key_values=None, use_cache=False):
+    def fits_packing(self, max_position: int) -> bool:
+        return self.supports_packing and (self.sliding_window is None or self.takes_mask_mapping
+                                          or max_position < self.sliding_window)
+
+    def body(self, inputs, attention_mask=None, past_key_values=None, use_cache=False, position_ids=None):
         out = self.decoder(input_ids=inputs, attention_mask=attention_mask, past_key_values=past_key_values,
-                           use_cache=use_cache)
+                           use_cache=use_cache, position_ids=position_ids)
         return out.last_hidden_state, (out.past_key_values if use_cache else None)
 
     def head(self, hidden):
@@ -242,6 +264,75 @@ def _run_shared(sm, ctx, options, batch_context, out):
     _collect(parts, lp, greedy, out)
 
 
+def _pack(ctx, options):
+    """One row holding a context and all its options: ids ``ctx + opt_1[:-1] + opt_2[:-1] + ...``, the position id of
+    every token (each option continues the context at position ``len(ctx)``), its segment (-1 = context, j = option
+    j), and per option the row indices whose hidden states predict its tokens (the context's last, then its own)."""
+    C = len(ctx)
+    ids, pos, seg, kept = list(ctx), list(range(C)), [-1] * C, []
+    for j, (_, tg) in enumerate(options):
+        start = len(ids)
+        ids += tg[:-1]
+        pos += range(C, C + len(tg) - 1)
+        seg += [j] * (len(tg) - 1)
+        kept.append([C - 1] + list(range(start, start + len(tg) - 1)))
+    return ids, pos, seg, kept
+
+
+def _packed_mask(pos, seg, valid, window, dtype):
+    """Additive ``[B, 1, L, L]`` mask: query ``q`` sees key ``k <= q`` of the context or of its own option (and, for a
+    sliding-window layer, only keys with ``pos_q - pos_k < window``); padding rows see themselves (no all-masked
+    softmax). ``pos``, ``seg``: ``[B, L]``; ``valid``: ``[B, L]`` bool."""
+    L = pos.shape[1]
+    idx = torch.arange(L)
+    see = (idx[None, None, :] <= idx[None, :, None]) & valid[:, None, :] & valid[:, :, None]
+    see &= (seg[:, None, :] == -1) | (seg[:, None, :] == seg[:, :, None])
+    if window is not None:
+        see &= (pos[:, :, None] - pos[:, None, :]) < window
+    see |= torch.eye(L, dtype=torch.bool)[None]
+    mask = torch.zeros(see.shape, dtype=dtype)
+    return mask.masked_fill_(~see, torch.finfo(dtype).min)[:, None]
+
+
+def _run_packed(sm, items, batch_size, batch_context, out):
+    """Multiple-choice items with multi-token options, several items per forward pass: each item is one row (its
+    context once, then every option's tokens, :func:`_pack`) under a mask that lets an option see the context and
+    itself only, so each option's log-probabilities are those of ``context + option`` alone. One forward pass per
+    ``batch_size`` items, instead of a context pass and an option pass per item (:func:`_run_shared`)."""
+    if not items:
+        return
+    packed = sorted(((_pack(ctx, opts), opts) for ctx, opts in items), key=lambda it: -len(it[0][0]))
+    device = sm.device
+    dtype = next(sm.module.parameters()).dtype
+    for s in range(0, len(packed), batch_size):
+        chunk = packed[s:s + batch_size]
+        B, L = len(chunk), len(chunk[0][0][0])
+        ids = torch.zeros(B, L, dtype=torch.long)
+        pos = torch.zeros(B, L, dtype=torch.long)
+        seg = torch.full((B, L), -2, dtype=torch.long)
+        valid = torch.zeros(B, L, dtype=torch.bool)
+        rows, cols, tok, parts = [], [], [], []
+        for b, ((i, p, g, kept), opts) in enumerate(chunk):
+            n = len(i)
+            ids[b, :n], pos[b, :n], seg[b, :n], valid[b, :n] = torch.tensor(i), torch.tensor(p), torch.tensor(g), True
+            for (r, tg), kp in zip(opts, kept):
+                parts.append((r, slice(len(tok), len(tok) + len(tg))))
+                rows += [b] * len(kp)
+                cols += kp
+                tok += tg
+        full = _packed_mask(pos, seg, valid, None, dtype)
+        if sm.sliding_window is not None and sm.takes_mask_mapping:
+            sliding = _packed_mask(pos, seg, valid, sm.sliding_window, dtype)
+            mask = {t: (sliding if t == "sliding_attention" else full).to(device) for t in sm.layer_types}
+        else:
+            mask = full.to(device)
+        with batch_context([opts[0][0] for _, opts in chunk], valid.long()):
+            hidden, _ = sm.body(ids.to(device), attention_mask=mask, position_ids=pos.to(device))
+        kept_h = hidden[torch.tensor(rows, device=hidden.device), torch.tensor(cols, device=hidden.device)]
+        lp, greedy = _head_scores(sm, kept_h, torch.arange(len(tok)), torch.tensor(tok))
+        _collect(parts, lp, greedy, out)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # public entry points
 # ----------------------------------------------------------------------------------------------------------------
@@ -282,7 +373,7 @@ def loglikelihood_tokens(model, requests: Sequence[tuple[Sequence[int], Sequence
             raise ValueError(f"request {i} has an empty context: prepend a BOS/EOS token (lm-eval's prefix token)")
         groups.setdefault(tuple(ctx), []).append((i, cont))
     out: list = [None] * len(requests)
-    plain = []
+    plain, packed = [], []
     was_training = sm.module.training
     sm.module.eval()
     try:
@@ -290,10 +381,14 @@ def loglikelihood_tokens(model, requests: Sequence[tuple[Sequence[int], Sequence
             ctx = list(ctx)
             if share_context and len(opts) > 1 and all(len(c) == 1 for _, c in opts):
                 plain.append((ctx, 1, opts))                               # one forward of the context serves all
+            elif (share_context and len(opts) > 1 and getattr(sm, "fits_packing", None) is not None
+                  and sm.fits_packing(len(ctx) + max(len(c) for _, c in opts) - 2)):
+                packed.append((ctx, opts))                                 # context once, options in the same row
             elif share_context and len(opts) > 1 and sm.supports_cache:
                 _run_shared(sm, ctx, opts, batch_context, out)
             else:
                 plain += [((ctx + c)[:-1], len(c), [(r, c)]) for r, c in opts]
+        _run_packed(sm, packed, batch_size, batch_context, out)
         _run_plain(sm, plain, batch_size, batch_context, out)
     finally:
         sm.module.train(was_training)
