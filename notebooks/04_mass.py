@@ -47,7 +47,7 @@ from IPython.display import Markdown, display
 import moelab
 from moelab import mass as ms
 from moelab.cache import memo
-from moelab.ginc import GINCConfig, bayes_nll, build_ginc, sample_documents
+from moelab.mass.data import GINCConfig, bayes_nll, build_ginc, sample_documents
 from moelab.train import flattened
 
 run = moelab.start_run("04_mass", profile=PROFILE, seed=SEED)

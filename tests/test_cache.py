@@ -342,7 +342,7 @@ def test_import_closure_follows_imports_and_skips_claims_and_reports(tmp_path):
 
 def test_code_closure_of_real_modules_covers_core_and_never_claims():
     keyed = cache.code_closure(mass.run_mass)
-    assert "lib/moelab/mass.py" in keyed and "lib/moelab/core/routing.py" in keyed
+    assert "lib/moelab/mass/experiment.py" in keyed and "lib/moelab/core/routing.py" in keyed
     assert keyed["lib/moelab/core/routing.py"] == nbrun.file_sha(ROOT / "lib/moelab/core/routing.py")
     for never in ("claims", "nbrun", "notebooks", "cache"):
         assert not any(k.startswith(f"lib/moelab/{never}") for k in keyed), never
@@ -366,8 +366,8 @@ def test_notebook_lambda_gets_the_modules_it_calls():
     assert "lib/moelab/suite/embed.py" in cache.code_closure(ns["f_chain"])
     assert "lib/moelab/seed.py" in cache.code_closure(ns["f_helper"])
     assert cache.code_closure(ns["f_cell"]) == {}
-    assert "lib/moelab/ginc.py" in cache.code_closure(ns["f_obj"])
-    assert "lib/moelab/ginc.py" in cache.code_closure(lambda: GINCConfig.__name__)
+    assert "lib/moelab/mass/data.py" in cache.code_closure(ns["f_obj"])
+    assert "lib/moelab/mass/data.py" in cache.code_closure(lambda: GINCConfig.__name__)
 
 
 def test_memo_key_changes_with_transitive_core_edit_not_with_claims_edit(tmp_cache, monkeypatch):
@@ -403,7 +403,7 @@ def test_artifact_records_its_code_and_rejects_reserved_keys(tmp_cache):
 
     path = cache.artifact("rec", {"a": 1}, build)
     meta = cache.read_marker(path)
-    assert meta["code"] == cache.code_closure(build) and "lib/moelab/mass.py" in meta["code"]
+    assert meta["code"] == cache.code_closure(build) and "lib/moelab/mass/__init__.py" in meta["code"]
     assert set(meta["config"]["_versions"]) >= {"torch", "transformers", "python"}
     with pytest.raises(ValueError, match="reserved"):
         cache.artifact("rec", {"_code": 1}, build)

@@ -203,7 +203,7 @@ def test_expander_fires_on_rising_gradient():
         ex.after_backward(step, fm, None)
         if ex.added[0]:
             break
-    # first possible firing: warm-up 3 norms, then a full window of 5 z-scores -> step 3 + 5 - 2 = 6
+    # first test at max(warm-up, window) - 1 = 4 (3 z-scores stored, S = sum z / sqrt(5)); p < 0.01 first at 6
     assert step == 6 and [e["kind"] for e in ex.events] == ["fire", "expand"]
     assert int(fm.active[0].sum()) == 2 and ex.pairs[0] == [(0, 1)]
     assert ex.count[0, 0] == 0                                # source's warm-up restarts
@@ -261,25 +261,26 @@ def test_expert_with_no_tokens_never_fires():
     assert not ex.events and np.all(np.nan_to_num(zs) == 0)
 
 
-def test_nll_stopping_removes_useless_expert_and_stops_after_patience():
-    torch.manual_seed(0)
-    # top_p=1 keeps every active expert, so an exact duplicate leaves the output unchanged under any weighting
-    model = tiny(M=1, E=4, num=1, top_p=1.0)
-    model.gate.data.zero_()
-    cfg = MassConfig(total_steps=1000, warmup=2, window=3, patience=2, max_experts=4)
-    ex = MassExpander(cfg, 1)
-    tokens = torch.randint(0, 11, (4, 6))
-    model._last_batch = tokens
-    for i in range(2):
-        # an exact duplicate with identical gate row changes nothing -> masked NLL == full NLL -> removal
-        MassExpander.duplicate(model, None, 0, 0, 1)
-        ex.added[0].append(1)
-        ex.pairs[0].append((0, 1))
-        with torch.no_grad():
-            model._last_losses = _nll(model(tokens[:, :-1]), tokens).mean(1)
-        ex._act(i, model, None, 0, (0, 1e-4, 0.0))
-        assert not bool(model.active[0, 1]) and ex.pairs[0] == []
+def _no_gain(model, batch, active):
+    return torch.zeros(model.M)                          # masking any expert leaves the loss unchanged (gap = 0)
+
+
+def test_nll_stopping_removes_then_expands_and_stops_after_patience():
+    # public rule: the NLL test runs once more than one expert was added; a failed test (gap <= 0) removes the
+    # last-added expert and still expands (pool does not shrink) while patience lasts; the next failure stops
+    fm = _FakeModel(1, 4, [1])
+    fm._last_losses, fm._last_batch = torch.zeros(1), None
+    ex = MassExpander(MassConfig(total_steps=1000, warmup=2, window=3, patience=2, max_experts=4), 1, nll_fn=_no_gain)
+    for i in range(2):                                   # two expansions without a test (expansion_count <= 1)
+        ex._act(i, fm, None, 0, (0, 1e-4, 0.0))
+    assert fm.active[0].tolist() == [True, True, True, False] and ex.added[0] == [1, 2]
+    for i in range(2, 4):                                # two failed tests: remove slot 2, expand into it again
+        ex._act(i, fm, None, 0, (0, 1e-4, 0.0))
+        assert fm.active[0].tolist() == [True, True, True, False] and not ex.stopped[0]
+    assert ex.patience[0] == 0 and [e["kind"] for e in ex.events][2:] == ["remove", "expand"] * 2
+    ex._act(4, fm, None, 0, (0, 1e-4, 0.0))              # patience spent: the failed expert leaves, expansion stops
     assert ex.stopped[0] and ex.stop_reason[0] == "patience"
+    assert fm.active[0].tolist() == [True, True, False, False] and ex.pairs[0] == [(0, 1)]
 
 
 def test_redundancy_loss_formula():
@@ -326,17 +327,20 @@ def test_bad_model_and_config_input():
         topk_weights(torch.rand(1, 2, 3), torch.tensor([0]))
 
 
-def test_settings_can_fire_inside_expansion_phase():
+def test_settings_are_the_public_windows_and_delta():
     from moelab.mass import mass_settings, slots_delta
-    for T in (60, 600, 1500, 10000):
-        w0, w = mass_settings(T)
-        cfg = MassConfig(total_steps=T, warmup=w0, window=w)
-        assert w >= 4 and (cfg.can_fire or T < 100)
-    public = MassConfig(total_steps=1000, warmup=max(30, 50), window=max(60, 90))
-    assert not public.can_fire                                  # public settings: first test after 0.14T > 0.1T
-    assert slots_delta(1024 // 2 ** 0) == pytest.approx(0.001 * math.sqrt(524288 / 1024 ** 2))
+    for T in (60, 600, 1000, 1500, 3000, 10000):
+        assert mass_settings(T) == (max(30, int(0.05 * T)), max(60, int(0.09 * T)))
+    public = MassConfig.public(1000)
+    assert (public.warmup, public.window, public.first_test, public.expand_until) == (50, 90, 89, 100)
+    assert public.can_fire                                      # first test at 0.09T, inside the first 0.1T
+    assert not MassConfig.public(400).can_fire                   # window 60 > 0.1 * 400
+    assert slots_delta(32) == pytest.approx(0.016)               # 0.001 * sqrt(256*1024 / 32^2)
+    assert slots_delta(1024) == pytest.approx(0.001 * math.sqrt(262144 / 1024 ** 2))
     with pytest.raises(ValueError):
         mass_settings(0)
+    with pytest.raises(ValueError, match="init_experts"):
+        MassConfig(total_steps=10, warmup=2, window=3, max_experts=4, init_experts=5)
 
 
 def test_glue_loader_reads_official_tsv_layout(tmp_path):

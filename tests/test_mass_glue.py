@@ -70,8 +70,10 @@ def test_forward_changes_after_duplication_with_several_kept_experts():
 
 
 def test_mass_layer_expander_expands_then_vetoes():
-    layer = _layer(E=3, active=1)
-    cfg = MassConfig(total_steps=1000, warmup=3, window=5, max_experts=3, delta=1e-3, patience=1)
+    # public rule: two expansions without a test; then a failed NLL test removes the last expert and expands again
+    # (patience 1 -> 0); the next failure removes it and stops
+    layer = _layer(E=4, active=1)
+    cfg = MassConfig(total_steps=1000, warmup=3, window=5, max_experts=4, delta=1e-3, patience=1)
     nll = {"full": 1.0, "masked": 0.5}                                        # masking the new expert lowers the loss
     exp = MassLayerExpander(cfg, layer, lambda e: nll["full"] if e is None else nll["masked"])
     w = layer.experts.w_in
@@ -83,9 +85,9 @@ def test_mass_layer_expander_expands_then_vetoes():
         exp.after_backward(step, None, None)
         if exp.pool.stopped:
             break
-    kinds = [e["kind"] for e in exp.pool.events]
-    assert "expand" in kinds and kinds[-2:] == ["remove", "stop_patience"]
-    assert layer.active_mask.tolist() == [True, False, False]
+    kinds = [e["kind"] for e in exp.pool.events if e["kind"] != "fire"]
+    assert kinds == ["expand", "expand", "remove", "expand", "remove", "stop_patience"]
+    assert layer.active_mask.tolist() == [True, True, False, False]
     rows = layer.router.proj.weight
     exp.pool.pairs = [(0, 1)]
     assert float(exp.redundancy_loss(0).detach()) == pytest.approx(0.01 * float(redundancy_term(rows, [(0, 1)]).detach()))
