@@ -197,7 +197,8 @@ if cfg["methods"]:
 #    over total scatter of the unit-normalised layer inputs, tokens grouped by their top-1 expert,
 #    $\mathrm{RC}=\sum_i\sum_{x\in C_i}\|\hat x-m_i\|^2/\sum_x\|\hat x-m\|^2$ (1 = routing unrelated to geometry, lower = more compact experts).
 # 2. **Expert similarity**: mean pairwise cosine of the experts' flattened $[W_\mathrm{in};W_\mathrm{out}]$.
-# 3. **Routing entropy** $H(\mathrm{softmax}(W_rx))/\log E$ per training step.
+# 3. **Routing entropy** $H(\mathrm{softmax}(W_rx))/\log E$ on a fixed held-out batch at fixed steps (step 0 =
+#    initialisation); the training batches' entropies are kept as a diagnostic only (batch-to-batch noise).
 # 4. **Expert utilisation**: share of top-2 assignments per expert.
 
 # %%
@@ -205,11 +206,18 @@ if cfg["methods"]:
     moe_methods = [m for m in cfg["methods"] if cu.METHODS[m][0]]
     res_moe = [r for r in results if r["method"] in moe_methods]
     ana, ent, util = cu.analysis_table(res_moe), cu.entropy_history(res_moe), cu.utilisation_table(res_moe)
-    run.save_table(ana, "analysis", "panels", caption="relative compactness, expert similarity, routing entropy, "
-                   "utilisation balance per method, seed, MoE layer, at init and after training")
-    run.save_table(ent, "analysis", "entropy_steps", caption="routing entropy per training step")
+    ent_heldout, movement = cu.heldout_entropy_table(res_moe), cu.router_movement_table(res_moe)
+    run.save_table(ana, "analysis", "panels", caption="relative compactness, expert parameter and output similarity, "
+                   "routing entropy, utilisation balance, router agreement with init per method, seed, MoE layer, "
+                   "at init and after training, on the fixed held-out token set")
+    run.save_table(ent, "analysis", "entropy_steps", caption="routing entropy of the training batches per step "
+                   "(batch-to-batch noise; the trajectory is entropy_heldout)")
+    run.save_table(ent_heldout, "analysis", "entropy_heldout", caption="routing entropy on a fixed held-out batch "
+                   "at fixed steps (step 0 = initialisation)")
+    run.save_table(movement, "analysis", "router_movement", caption="router movement: top-1 agreement with the "
+                   "init router, entropy and expert-output similarity at init and at the end")
     run.save_table(util, "analysis", "utilisation", caption="final expert utilisation")
-    fig = cu.plot_analysis_panels(ana, ent, util, moe_methods)
+    fig = cu.plot_analysis_panels(ana, ent_heldout, util, moe_methods)
     run.savefig(fig, "analysis", "four_panels", caption="poster analysis panels 1-4")
     tab = ana.groupby(["method", "when"])[["relative_compactness", "expert_similarity", "routing_entropy",
                                            "utilisation_balance", "max_share"]].mean().round(3)

@@ -164,14 +164,17 @@ def test_run_text_condition_tiny(tiny_st):
     g = np.random.default_rng(0)
     sent = lambda: " ".join(g.choice(words, 6))
     pairs = [(s, s + " " + words[i % 12]) for i, s in enumerate(sent() for _ in range(48))]
-    calib = cu.calibration_inputs(tiny_st, [t for ab in pairs[:32] for t in ab], max_tokens=400, max_len=16)
+    texts = [t for ab in pairs[:32] for t in ab]
+    calib = cu.calibration_inputs(tiny_st, texts, max_tokens=400, max_len=16)
     assert list(calib) == [1] and calib[1].shape == (400, 32)
+    special = cu.calibration_special_mask(tiny_st, texts, max_tokens=400, max_len=16)
+    assert special.shape == (400,) and 0 < int(special.sum()) < 400
     out = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for m in ("dense", "dense_long", "sparse", "cluster_eesd"):
             out[m] = cu.run_text_condition(tiny_st, m, 0, pairs[:32], pairs[32:], [a for a, _ in pairs[32:]], calib,
-                                           steps=2, batch_size=8, max_len=16, num_experts=4)
+                                           steps=2, batch_size=8, max_len=16, num_experts=4, special_mask=special)
     res = list(out.values())
     assert out["cluster_eesd"]["history"]["eesd"].notna().all()
     assert out["dense"]["history"] is None and out["dense"]["analysis"] == {}
@@ -185,6 +188,25 @@ def test_run_text_condition_tiny(tiny_st):
     assert init.loc["sparse", "expert_similarity"] == pytest.approx(1.0, abs=1e-9)
     assert init.loc["cluster_eesd", "routing_entropy"] < init.loc["sparse", "routing_entropy"]
     assert len(cu.entropy_history(res)) == 4 and len(cu.init_table(res)) == 4
+    # special tokens excluded by default: the clusters hold only ordinary calibration tokens
+    it = cu.init_table(res)
+    assert (it["special_tokens"] == "exclude").all() and (it["special_in_cluster"] == 0).all()
+    assert it["cluster_size"].sum() == 400 - int(special.sum())
+    assert it["special_routed"].sum() == int(special.sum())
+    # held-out analyses for every MoE method: router agreement is 1 at init by definition, sparse experts identical
+    assert (init["router_agreement"] == 1.0).all()
+    assert init.loc["sparse", "expert_output_similarity"] == pytest.approx(1.0, abs=1e-9)
+    assert ana[ana["when"] == "final"]["router_agreement"].between(0, 1).all()
+    mv = cu.router_movement_table(res)
+    assert set(mv["method"]) == {"sparse", "cluster_eesd"} and np.allclose(mv["top1_moved"], 1 - mv["top1_agreement"])
+    traj = cu.heldout_entropy_table(res)
+    assert sorted(set(traj["step"])) == cu.trajectory_steps(2) == [0, 1, 2]
+    assert set(traj["method"]) == {"sparse", "cluster_eesd"} and traj["routing_entropy"].between(0, 1).all()
+    # the trajectory's step 0 and last step are the analyses' init and final entropies (same held-out tokens)
+    for m in ("sparse", "cluster_eesd"):
+        t = traj[traj["method"] == m].set_index("step")["routing_entropy"]
+        a = ana[ana["method"] == m].set_index("when")["routing_entropy"]
+        assert t.loc[0] == pytest.approx(a.loc["init"], abs=1e-6) and t.loc[2] == pytest.approx(a.loc["final"], abs=1e-6)
     assert cu.utilisation_table(res)["share"].groupby([cu.utilisation_table(res)["method"]]).sum().round(6).eq(1).all()
     # the dense model is untouched by building MoE copies
     assert not any("experts" in n for n, _ in tiny_st.named_parameters())

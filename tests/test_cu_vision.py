@@ -49,9 +49,12 @@ def test_cluster_aware_init_runs_on_vit_ffn_inputs():
     calib = collect_ffn_inputs(dense, [{"pixel_values": cu.to_pixels(x)}], layers="every_other")
     assert sorted(calib) == [1, 3] and calib[1].shape == (40 * 17, 32)  # 16 patches + CLS per image
     model = copy.deepcopy(dense)
-    ci = cu.upcycle(model, "cluster_eesd", calib, seed=0, num_experts=4, top_k=2, energy=0.95)
+    special = cu.vit_special_mask(40 * 17, 17)  # the CLS token of each image, excluded from the clustering
+    assert int(special.sum()) == 40 and bool(special[0]) and not bool(special[1])
+    ci = cu.upcycle(model, "cluster_eesd", calib, seed=0, num_experts=4, top_k=2, energy=0.95, special_mask=special)
     layers = moe_layers(model)
-    assert len(ci.log) == 2 and all(sum(r["sizes"]) == 40 * 17 for r in ci.log)
+    assert len(ci.log) == 2 and all(sum(r["sizes"]) == 40 * 16 for r in ci.log)
+    assert all(sum(r["special_routed"]) == 40 and r["special_tokens"] == "exclude" for r in ci.log)
     for layer, km in zip(layers, ci.kmeans):  # router rows are the unit centroids (Step 3)
         assert torch.allclose(layer._router_rows(), km.centroids, atol=1e-6)
     with torch.no_grad():

@@ -301,7 +301,7 @@ class ClusterAwareInit:
         spec = dense_ffn_spec(dense_ffn)
         if calib_x.shape[1] != spec.d_model:
             raise ValueError(f"{name}: calib_x has width {calib_x.shape[1]}, the FFN expects d_model={spec.d_model}")
-        km = spherical_kmeans(calib_x, E, n_iter=self.n_iter, n_init=self.n_init, seed=self.seed)  # Step 1
+        km = self.partition(calib_x, E)  # Step 1
         self.kmeans.append(km)
         rec = dict(layer=len(self.log), tokens=calib_x.shape[0], sizes=km.sizes.tolist(), reseeded=km.reseeded,
                    ranks=[], energy_kept=[], jitter=[], rel_err=[])
@@ -329,6 +329,11 @@ class ClusterAwareInit:
                     raise ValueError(f"router weight {tuple(w.shape)} != centroids {tuple(km.centroids.shape)}")
                 w.copy_(self.router_scale * km.centroids.to(w.dtype))
         self.log.append(rec)
+
+    def partition(self, calib_x: torch.Tensor, num_experts: int) -> KMeansResult:
+        """Step 1: one cluster (and unit centroid) per expert; spherical k-means here. Subclasses may partition
+        differently (e.g. notebook 03's special-token handling gives special tokens an expert of their own)."""
+        return spherical_kmeans(calib_x, num_experts, n_iter=self.n_iter, n_init=self.n_init, seed=self.seed)
 
     def _truncate_out(self, ex, spec, x, labels, E, name):
         ranks = []
