@@ -84,13 +84,16 @@ def test_band_0_5_is_wanda_mask(model, tok):
     norms = fm.collect_input_norms(model, _batches(tok))
     ranks = fm.patch_ranks(model, norms, patch=1)
     for sparsity in (5.0, 25.0, 50.0):
-        mask = fm.band_mask(ranks, (0.0, sparsity))
+        mask = fm.band_mask(ranks, (0.0, sparsity), counts="floor")
+        exact = fm.band_mask(ranks, (0.0, sparsity))                      # default counts="exact"
         for n, lin in fm.target_linears(model).items():
             # Wanda (locuslab/wanda lib/prune.py, unstructured): metric per output row, prune the lowest int(n*s)
             metric = lin.weight.abs() * norms.norm(n)[None, :]
             idx = torch.sort(metric, dim=-1, stable=True)[1][:, :int(metric.shape[1] * sparsity / 100)]
             ref = torch.zeros_like(metric, dtype=torch.bool).scatter_(1, idx, True)
             assert torch.equal(mask.element_mask(n), ref), n
+            if metric.shape[1] * sparsity / 100 == int(metric.shape[1] * sparsity / 100):   # n·s whole: no rounding
+                assert torch.equal(exact.element_mask(n), ref), n
 
 
 def test_bands_tile_the_ranking(model, tok):
@@ -109,7 +112,7 @@ def test_apply_remove_bit_for_bit(tok, patch, sub):
     model = _tiny_llama(seed=3)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     ranks = fm.patch_ranks(model, fm.collect_input_norms(model, _batches(tok), sublayers=sub), patch, sub)
-    mask = fm.band_mask(ranks, (90, 100))
+    mask = fm.band_mask(ranks, (50, 100))          # wide enough that a 2x2 grid of 16x16 patches purifies some
     lin = fm.target_linears(model, sub)
     assert set(mask.bits) == set(lin)
     for n, b in mask.bits.items():                                  # packed: one bit per patch
@@ -297,3 +300,15 @@ def test_choice_logprobs_shared_prefix_matches_batched(model, tok):
     items = [dict(prompt=TEXTS[0][:9], choices=[TEXTS[0][9:], " zz"], label=0)]
     ref, _ = fm.continuation_logprobs(model, tok, [items[0]["prompt"]] * 2, items[0]["choices"])
     assert fm.choice_accuracy(model, tok, items)[0] == float(np.argmax(ref) == 0)
+
+
+def test_band_sweep_passes_the_band_reading(model, tok):
+    """``mode`` / ``counts`` reach the masks the sweep applies (issue 22 item 3: the alternative readings)."""
+    ranks = fm.patch_ranks(model, fm.collect_input_norms(model, _batches(tok)), patch=2, scope="matrix")
+    items = [dict(prompt=t[:10], answer=t[10:]) for t in TEXTS[:3]]
+    score = lambda m, it: fm.answer_logprob(m, tok, it, batch_size=4)
+    sw = fm.band_sweep(model, {"c0": ranks}, {"c0": items}, score, [(90, 100)], include_base=False, mode="keep",
+                       counts="floor")
+    with fm.apply_mask(model, fm.band_mask(ranks, (90, 100), mode="keep", counts="floor")):
+        ref = score(model, items)
+    np.testing.assert_allclose(sw.score.values, ref, rtol=0, atol=1e-6)

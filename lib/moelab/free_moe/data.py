@@ -1,0 +1,101 @@
+"""Free-MoE's data (paper 004, §4.1; notebook ``notebooks/05_free_moe.py``): the three main domains built from
+``moelab.suite`` (reference = validation splits for band selection, test = the lm-eval evaluation pools, train =
+training splits for the router), the general tasks the suite's scorecard marks usable, and the calibration texts
+and token batches DOWP calibrates on (§3.1, Eq. 4's ||X_n||_2)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from moelab.suite import instruct, lmeval, scorecard
+
+__all__ = ["MATH_MC_LM_TASK", "load_domains", "choose_general_tasks", "calibration_text", "tokenize_batches"]
+
+MATH_MC_LM_TASK = "moelab_math_mc"             # the maths domain's multiple-choice task (elementary_math_qa)
+
+
+def tokenize_batches(tok, texts: Sequence[str], batch_size: int = 8, max_length: int = 256) -> list[dict]:
+    """Right-padded token batches for calibration (texts sorted by length to limit padding)."""
+    if len(texts) == 0:
+        raise ValueError("tokenize_batches: empty text list")
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    out = []
+    for s in range(0, len(order), batch_size):
+        chunk = [texts[i] for i in order[s:s + batch_size]]
+        enc = tok(chunk, return_tensors="pt", padding=True, truncation=True, max_length=max_length)
+        out.append({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+    return out
+
+
+def calibration_text(item: dict) -> str:
+    """Prompt plus its reference answer (gold choice for multiple choice): the text DOWP calibrates on."""
+    ans = item["choices"][item["label"]] if "choices" in item else item["answer"]
+    return item["prompt"] + ans
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# main domains from the suite (reference = validation splits, test = the lm-eval evaluation pools)
+# ----------------------------------------------------------------------------------------------------------------
+def _mc_item(it: dict, domain: str, task: str) -> dict:
+    return dict(id=it["id"], domain=domain, task=task, prompt=it["prompt"],
+                choices=[" " + c for c in it["choices"]], label=int(it["gold"]))
+
+
+def _free_item(iid, domain: str, task: str, prompt: str, answer: str) -> dict:
+    return dict(id=iid, domain=domain, task=task, prompt=prompt, answer=answer)
+
+
+def load_domains(general_tasks: Sequence[str], n_ref_per_task: int, n_test_per_task: int, n_train_per_task: int,
+                 n_code_ref: int, n_code_test: int, n_code_train: int, n_humaneval: int,
+                 instruct_profile: str = "default") -> dict:
+    """The three main domains of §4.1 built from ``moelab.suite`` (§3.1 D = {D_A, D_B, ...}):
+
+    - ``general`` (knowledge & reasoning): BIG-bench multiple-choice lm tasks ``general_tasks`` (``moelab_bb_*``);
+    - ``maths``: ``moelab_math_mc`` (elementary_math_qa, five options) plus GSM-style held-out templates
+      (``moelab_nll_maths``, test only, reference-answer likelihood);
+    - ``code``: stdlib function-writing records of ``suite.instruct`` (reference-answer likelihood: no tests) and
+      HumanEval (``moelab_nll_code`` likelihood of the canonical solution; ``moelab_humaneval`` pass@k).
+
+    Reference = the suite's validation split (selection), test = the first ``n_test_per_task`` items of each lm task's
+    evaluation pool (``suite.lmeval.task_docs``), train = training split items (router only).
+    Returns dict(reference, test, train) -> {domain: [items]}, plus ``humaneval`` (problems).
+    """
+    ref, test, train = ({d: [] for d in ("general", "maths", "code")} for _ in range(3))
+    mc = [(t, "general") for t in general_tasks] + [(MATH_MC_LM_TASK, "maths")]
+    for lm_task, dom in mc:
+        if lm_task not in lmeval.MC_TASKS and lm_task.removeprefix("moelab_") not in lmeval.MC_TASKS:
+            raise ValueError(f"{lm_task!r} is not a moelab multiple-choice lm task ({sorted(lmeval.MC_TASKS)})")
+        src = lmeval.MC_TASKS[lm_task.removeprefix("moelab_")]
+        sp = instruct.task_splits(src)
+        ref[dom] += [_mc_item(it, dom, lm_task) for it in sp["validation"][:n_ref_per_task]]
+        train[dom] += [_mc_item(it, dom, lm_task) for it in sp["train"][:n_train_per_task]]
+        test[dom] += [_mc_item(it, dom, lm_task) for it in lmeval.task_docs(lm_task.removeprefix("moelab_"))
+                      [:n_test_per_task]]
+    for d in lmeval.task_docs("nll_maths")[:n_test_per_task]:
+        test["maths"].append(_free_item(d["id"], "maths", "moelab_nll_maths", d["context"], d["continuation"]))
+    for d in lmeval.task_docs("nll_code")[:n_code_test]:
+        test["code"].append(_free_item(d["id"], "code", "moelab_nll_code", d["context"], d["continuation"]))
+    mix = instruct.build(instruct_profile)
+    for split, store, n in (("validation", ref, n_code_ref), ("train", train, n_code_train)):
+        recs = [r for r in mix[split] if r["domain"] == "code"][:n]
+        store["code"] += [_free_item(r["id"], "code", "stdlib_code", r["instruction"] + "\n", r["answer"])
+                          for r in recs]
+    he = [dict(d, domain="code", task="moelab_humaneval") for d in lmeval.task_docs("humaneval")[:n_humaneval]]
+    for dom in ref:
+        if not ref[dom]:
+            raise ValueError(f"main domain {dom!r} has no reference examples")
+    return dict(reference=ref, test=test, train=train, humaneval=he)
+
+
+def choose_general_tasks(model_name: str, candidates: Sequence[str], max_tasks: int) -> tuple[list[str], str]:
+    """General-domain lm tasks: the candidates the suite's scorecard marks usable (above chance) for ``model_name``,
+    in candidate order; without a scorecard, the first candidates (the returned note says which happened)."""
+    try:
+        if not scorecard.CSV.exists():      # never trigger the (hour-long) scorecard build from here
+            return list(candidates[:max_tasks]), "no committed scorecard yet; fixed candidate list used"
+        usable = set(scorecard.usable_tasks(model_name))
+    except ValueError as e:  # model not in the scorecard: say so in the notebook
+        return list(candidates[:max_tasks]), f"scorecard unusable ({e}); fixed candidate list used"
+    chosen = [t for t in candidates if t in usable][:max_tasks]
+    if not chosen:
+        return list(candidates[:max_tasks]), "scorecard marks none of the candidates usable; fixed list used"
+    return chosen, f"scorecard: {len(chosen)} of {len(candidates)} candidates above chance"
