@@ -22,8 +22,10 @@
 #
 # **Reading implemented** (the paper is inconsistent: text = band, Algorithm 1 = keep score >= θ, appendix = 5%-wide
 # bands from 50% to 100%): *purify = set to zero* the patches whose ascending importance rank, within each output row
-# of patches (Wanda's comparison group), lies in the band. So 0-5% is Wanda at 5% sparsity and 95-100% zeros the most
-# important 5%: the sweep below shows what that does. Patch sizes that do not divide a matrix are rejected.
+# of patches (Wanda's comparison group), lies in the band. Each band purifies the same share of weights at every patch
+# size (exact counts, the rounding spread over rows), so 0-5% is Wanda at 5% sparsity up to one weight per row (exactly
+# Wanda with `counts="floor"`, its per-row rounding) and 95-100% zeros the most important 5%: the sweep below shows
+# what that does. Patch sizes that do not divide a matrix are rejected.
 #
 # | | paper | smoke | default | full | paper profile |
 # |---|---|---|---|---|---|
