@@ -1,0 +1,215 @@
+"""The SBA paper's data and its stand-ins (SBA paper §III, §V-B/C; notebook ``02_sba``).
+
+- prompts spanning many subjects (the paper: 57 MMLU subjects): WordNet lexicographer files
+  (:func:`wordnet_subject_texts`, read from the real WordNet 3.0 database by :mod:`moelab.suite.wordnet`);
+- contrastive training pairs / triplets -> tokenised batches (:class:`PairCollate`);
+- paper profile, from local copies (nothing can be downloaded here): sentence-transformers/all-nli's ``triplet``
+  subset (:func:`load_allnli_triplets`; ``NLI_PATH`` may point at the all-nli root, its ``triplet/`` folder or a
+  file) and the three MTEB tasks of Tables I/II (:func:`load_mteb_local`, scored by :func:`evaluate_mteb_local`).
+  Every missing input raises :class:`moelab.assets.MissingAsset` naming the notebook parameter to pass
+  (:func:`moelab.profiles.paper_input_hint`).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.stats import spearmanr
+from sklearn.cluster import MiniBatchKMeans
+from sklearn.metrics import average_precision_score, v_measure_score
+
+from moelab.assets import MissingAsset
+from moelab.profiles import paper_input_hint
+from moelab.suite import wordnet
+
+__all__ = ["wordnet_subject_texts", "PairCollate", "ALLNLI_SUBSETS", "MTEB_TASKS", "MTEB_CLUSTERING_BATCH",
+           "find_allnli_triplet_dir", "load_allnli_triplets", "load_mteb_local", "evaluate_mteb_local"]
+
+ALLNLI_SUBSETS = ("pair", "pair-class", "pair-score", "triplet")  # the folders of sentence-transformers/all-nli
+MTEB_TASKS = {"STSBenchmark": ["sentence1", "sentence2", "score"],
+              "StackExchangeClustering": ["sentences", "labels"],
+              "SprintDuplicateQuestions": ["sentence1", "sentence2", "labels"]}
+MTEB_CLUSTERING_BATCH = 500  # MTEB's clustering protocol: MiniBatchKMeans(batch_size=500)
+_TABLE_EXT = (".jsonl", ".jsonl.gz", ".json", ".parquet", ".csv")
+_ALLNLI = "all-nli (sentence-transformers/all-nli, triplet)"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# prompts spanning many subjects: WordNet lexicographer files (stand-in for the paper's 57 MMLU subjects)
+# ----------------------------------------------------------------------------------------------------------------------
+def wordnet_subject_texts(num_subjects: int = 24, per_subject: int = 16, seed: int = 0,
+                          min_words: int = 6) -> dict:
+    """{lexicographer file -> texts "lemma: definition"} from the real WordNet 3.0 database (read by
+    :mod:`moelab.suite.wordnet`): the ``num_subjects`` noun/verb files with the most definitions of at least
+    ``min_words`` words, ``per_subject`` of them drawn at random (seeded) from each file. SBA paper §III; nb 02_sba."""
+    if not 1 <= num_subjects <= 41:
+        raise ValueError(f"num_subjects={num_subjects} must be in [1, 41] (WordNet has 26 noun + 15 verb files)")
+    if per_subject < 1:
+        raise ValueError(f"per_subject={per_subject} must be >= 1")
+    by_file: dict = {}
+    for pos in (("n",) if num_subjects <= 26 else ("n", "v")):  # 26 noun files; verbs only when more are asked
+        for off in sorted(syn := wordnet.synsets(pos)):
+            s = syn[off]
+            if len(s.definition.split()) >= min_words and s.lexname[:4] in ("noun", "verb"):
+                by_file.setdefault(s.lexname, []).append(f"{s.lemmas[0]}: {s.definition}")
+    ranked = sorted(by_file, key=lambda k: (-len(by_file[k]), k))[:num_subjects]
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name in sorted(ranked):
+        items = by_file[name]
+        pick = rng.choice(len(items), size=min(per_subject, len(items)), replace=False)
+        out[name] = [items[i] for i in sorted(pick)]
+    return out
+
+
+class PairCollate:
+    """Pairs (anchor, positive) or triplets (anchor, positive, negative) -> dict of tokenised features.
+
+    ``tokenize_anchor`` / ``tokenize_doc``: texts -> features dict (for nomic: its query / document prefixes); a
+    SentenceTransformer's ``tokenize`` serves both for MiniLM."""
+
+    def __init__(self, tokenize_anchor, tokenize_doc=None):
+        self.tok_a = tokenize_anchor
+        self.tok_d = tokenize_doc or tokenize_anchor
+
+    def __call__(self, batch):
+        if not batch:
+            raise ValueError("empty batch of pairs")
+        n = {len(x) for x in batch}
+        if n not in ({2}, {3}):
+            raise ValueError(f"expected (anchor, positive[, negative]) tuples, got lengths {sorted(n)}")
+        cols = list(zip(*batch))
+        out = {"anchor": dict(self.tok_a(list(cols[0]))), "positive": dict(self.tok_d(list(cols[1])))}
+        if len(cols) == 3:
+            out["negative"] = dict(self.tok_d(list(cols[2])))
+        return out
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# paper profile: the paper's data from local copies
+# ----------------------------------------------------------------------------------------------------------------------
+def _missing(asset: str, param: str, detail: str, what: str) -> MissingAsset:
+    return MissingAsset(asset, detail, paper_input_hint("02", param, what))
+
+
+def find_allnli_triplet_dir(path) -> Path:
+    """The folder (or file) holding all-nli's ``triplet`` subset, given ``NLI_PATH`` (SBA paper §V-C; nb 02_sba).
+
+    Accepts the all-nli root (``<root>/triplet/{train,dev,test}-*.parquet``: the other subsets ``pair``,
+    ``pair-class``, ``pair-score`` sit beside it and are never read), a folder above it, the ``triplet`` folder
+    itself, or one file. Anything else raises ``MissingAsset`` naming what to pass."""
+    what = ("a local copy of sentence-transformers/all-nli (the root folder with its triplet/ subfolder, or the "
+            "triplet/ folder itself)")
+    if path is None or not Path(path).exists():
+        raise _missing(_ALLNLI, "NLI_PATH", f"no local copy at {str(path)!r}", what)
+    p = Path(path)
+    if p.is_file() or p.name == "triplet":
+        return p
+    if (p / "triplet").is_dir():
+        return p / "triplet"
+    nested = sorted(d for d in p.rglob("triplet") if d.is_dir())
+    if nested:
+        return nested[0]
+    others = [n for n in ALLNLI_SUBSETS if (p / n).is_dir()]
+    if others:
+        raise _missing(_ALLNLI, "NLI_PATH", f"{p} holds the all-nli subset(s) {others} but no 'triplet/' folder "
+                       "(the paper trains on the triplets)", what)
+    return p  # a folder of triplet files without the subset folder
+
+
+def _find_split_file(p: Path, split: str, asset: str, param: str, what: str) -> Path:
+    if p.is_file():
+        return p
+    cands = sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(_TABLE_EXT) and
+                   (f.name.startswith(split) or f.parent.name == split))
+    if not cands:
+        raise _missing(asset, param, f"{p} has no '{split}' file (`{split}.jsonl.gz`, `{split}-*.parquet`, ...; "
+                       f"extensions {', '.join(_TABLE_EXT)})", what)
+    return cands[0]
+
+
+def _read_table(f: Path) -> pd.DataFrame:
+    name = f.name
+    if name.endswith(".parquet"):
+        return pd.read_parquet(f)
+    if name.endswith(".csv"):
+        return pd.read_csv(f)
+    return pd.read_json(f, lines=not name.endswith(".json"), compression="infer")
+
+
+def _need_columns(df, cols, what):
+    missing = [c for c in cols if c not in df.columns]
+    if missing:
+        raise ValueError(f"{what}: missing column(s) {missing}; found {list(df.columns)}")
+
+
+def load_allnli_triplets(path, split: str = "train", limit: int | None = None) -> list:
+    """sentence-transformers/all-nli ``triplet`` subset from a local copy -> [(anchor, positive, negative)]
+    (SBA paper §V-C: 30K triplets; notebook 02_sba, paper profile). ``path``: see :func:`find_allnli_triplet_dir`;
+    ``split``: train | dev | test. Columns anchor, positive, negative."""
+    d = find_allnli_triplet_dir(path)
+    f = _find_split_file(d, split, _ALLNLI, "NLI_PATH",
+                         f"the all-nli triplet '{split}' split (triplet/{split}-00000-of-00001.parquet)")
+    df = _read_table(f)
+    _need_columns(df, ["anchor", "positive", "negative"], str(f))
+    if limit is not None:
+        df = df.iloc[:limit]
+    return list(df[["anchor", "positive", "negative"]].itertuples(index=False, name=None))
+
+
+def load_mteb_local(root, split: str = "test") -> dict:
+    """The paper's three MTEB tasks from local copies under ``root`` (one folder each, MTEB's HF layouts; nb 02_sba):
+
+    - ``STSBenchmark`` (mteb/stsbenchmark-sts): sentence1, sentence2, score in [0, 5];
+    - ``StackExchangeClustering`` (mteb/stackexchange-clustering): rows of sentences (list), labels (list);
+    - ``SprintDuplicateQuestions`` (mteb/sprintduplicatequestions-pairclassification): rows of sentence1 (list),
+      sentence2 (list), labels (list of 0/1).
+
+    Returns {task: DataFrame}. A missing folder or split -> ``MissingAsset`` naming ``MTEB_PATH``; a wrong layout ->
+    ``ValueError``.
+    """
+    what = ("a folder with the MTEB tasks STSBenchmark/, StackExchangeClustering/, SprintDuplicateQuestions/ "
+            f"(each with its '{split}' split, e.g. {split}.jsonl.gz)")
+    out = {}
+    for task, cols in MTEB_TASKS.items():
+        p = None if root is None else Path(root) / task
+        if p is None or not p.exists():
+            raise _missing(f"MTEB {task}", "MTEB_PATH", f"no local copy at {str(p)!r}", what)
+        f = _find_split_file(p, split, f"MTEB {task}", "MTEB_PATH", what)
+        df = _read_table(f)
+        _need_columns(df, cols, str(f))
+        out[task] = df
+    return out
+
+
+def _cosines(a, b):
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def evaluate_mteb_local(encode_fn, tasks: dict, seed: int = 0) -> pd.DataFrame:
+    """MTEB's main scores on local copies (per set / per item rows: task, item, metric, score; notebook 02_sba):
+    STS Spearman of cosine vs gold, clustering V-measure of mini-batch k-means (k = #labels, batch 500 as MTEB, per
+    set), pair classification average precision of cosine similarity (per set). Metrics from scipy / scikit-learn."""
+    rows = []
+    if "STSBenchmark" in tasks:
+        df = tasks["STSBenchmark"]
+        cos = _cosines(encode_fn(list(df.sentence1)), encode_fn(list(df.sentence2)))
+        rows.append(dict(task="STSBenchmark", item=0, metric="cos_spearman",
+                         score=float(spearmanr(cos, df.score).statistic)))
+    if "StackExchangeClustering" in tasks:
+        for i, r in enumerate(tasks["StackExchangeClustering"].itertuples(index=False)):
+            emb = encode_fn(list(r.sentences))
+            k = len(set(r.labels))
+            pred = MiniBatchKMeans(n_clusters=k, batch_size=MTEB_CLUSTERING_BATCH, n_init="auto",
+                                   random_state=seed).fit_predict(emb)
+            rows.append(dict(task="StackExchangeClustering", item=i, metric="v_measure",
+                             score=float(v_measure_score(list(r.labels), pred))))
+    if "SprintDuplicateQuestions" in tasks:
+        for i, r in enumerate(tasks["SprintDuplicateQuestions"].itertuples(index=False)):
+            cos = _cosines(encode_fn(list(r.sentence1)), encode_fn(list(r.sentence2)))
+            rows.append(dict(task="SprintDuplicateQuestions", item=i, metric="cos_ap",
+                             score=float(average_precision_score(np.asarray(list(r.labels)), cos))))
+    if not rows:
+        raise ValueError(f"no known MTEB task among {list(tasks)}")
+    return pd.DataFrame(rows)

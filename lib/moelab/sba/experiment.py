@@ -1,0 +1,444 @@
+"""Runs of notebook ``02_sba``: contrastive fine-tuning (SBA paper §V-B, Eq. 12), the three phases of issue 19's
+protocol, and the measurements after each run.
+
+- :func:`mnrl_loss`, :func:`finetune_embedder`: MNRL with in-batch negatives through :func:`moelab.train.train`.
+- Phase (b), :func:`train_until_plateau`: train the nomic-layout stand-in with linear aggregation for a length fixed
+  by a validation-loss criterion (:func:`plateau_reached`), not by the geometry measured afterwards; returns the
+  checkpoint.
+- Phase (c), :func:`finetune_checkpoint`: from that one checkpoint, fine-tune with a chosen aggregation (linear,
+  SBA, norm-free, unit-output) for fixed steps and seed, as the paper fine-tunes nomic; :func:`swap_aggregation`:
+  the cheap arm that swaps the aggregation on the checkpoint without fine-tuning.
+- :func:`measure_embedder`: benchmarks, geometry over subject prompts, expert similarity of one model.
+- The earlier runs (renormalised stand-in, drop ablation) and the paper profile on nomic itself.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from torch.utils.data import DataLoader
+
+from moelab.core.layer import aux_loss
+from moelab.seed import seed_everything
+from moelab.suite import embed as suite_embed
+from moelab.train import Hooks, TrainConfig, flattened, train
+
+from .data import PairCollate, evaluate_mteb_local
+from .geometry import collect_geometry, moe_specialisation, nomic_forward_fn, st_forward_fn
+from .loader import load_nomic
+from .method import check_aggregation, set_aggregation
+from .standin import build_moe_minilm, build_nomic_layout_minilm, st_encode_fn
+
+__all__ = ["st_embed", "nomic_embed", "mnrl_loss", "finetune_embedder", "validation_mnrl", "plateau_reached",
+           "PLATEAU_RULE", "train_until_plateau", "load_checkpoint", "finetune_checkpoint", "swap_aggregation",
+           "measure_embedder", "phase_c_run", "swap_run", "finetune_and_measure", "init_geometry",
+           "nomic_finetune_and_measure", "evaluate_mteb_local_nomic", "PHASE_B_FILE", "run_from_config"]
+
+PLATEAU_RULE = ("stop at the first evaluation n (n >= window) where the best validation loss of the last `window` "
+                "evaluations is not below the best before them by at least `min_rel_improvement` (relative): "
+                "(min L[:n+1-window] - min L[n+1-window:n+1]) / |min L[:n+1-window]| < min_rel_improvement")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the contrastive objective and one fine-tuning run
+# ----------------------------------------------------------------------------------------------------------------------
+def st_embed(model, features):
+    """Sentence embedding of a SentenceTransformer for a features dict."""
+    return model(features)["sentence_embedding"]
+
+
+def nomic_embed(model, features):
+    """Sentence embedding of :class:`moelab.sba.NomicEmbed` for a features dict."""
+    return model.embed(features["input_ids"], features["attention_mask"])
+
+
+def mnrl_loss(model, batch, scale: float = 20.0, aux_coef: float = 0.01, embed=st_embed):
+    """Multiple Negatives Ranking Loss (SBA paper Eq. 12) with in-batch negatives, cosine similarity, τ = 1/scale:
+
+        L = -1/N Σ_i log( exp(cos(a_i, p_i)/τ) / Σ_j exp(cos(a_i, c_j)/τ) ),  c = [p; n]   scores [N, N or 2N]
+
+    (hard negatives n appended when the batch has them, as for all-nli triplets), plus ``aux_coef`` × the Switch
+    balancing loss of the MoE layers summed over the passes. Written out instead of sentence-transformers' MNRL
+    module because the trainer hands in its own (possibly wrapped) model, which that module would not call.
+    """
+    a = embed(model, batch["anchor"])  # [N, d]
+    aux = aux_loss(model)
+    cands = [embed(model, batch["positive"])]  # [N, d]
+    aux = aux + aux_loss(model)
+    if "negative" in batch:
+        cands.append(embed(model, batch["negative"]))
+        aux = aux + aux_loss(model)
+    c = torch.cat(cands)
+    scores = scale * torch.nn.functional.normalize(a, dim=-1) @ torch.nn.functional.normalize(c, dim=-1).T
+    labels = torch.arange(len(a), device=scores.device)
+    ce = torch.nn.functional.cross_entropy(scores, labels)  # Eq. 12
+    loss = ce + aux_coef * aux.to(ce.device)
+    # task_loss: the MNRL alone, whose router gradient the trainer logs (issue 15, item 1)
+    return loss, {"mnrl": float(ce.detach()), "aux": float(aux.detach()), "task_loss": ce}
+
+
+def _val_batches(model, val_pairs, batch_size, val_batches, collate):
+    if not val_pairs:
+        raise ValueError("no validation pairs")
+    collate = collate or PairCollate(model.tokenize)
+    val_pairs = list(val_pairs)[: val_batches * batch_size]
+    vb = [collate(val_pairs[i:i + batch_size]) for i in range(0, len(val_pairs), batch_size)]
+    vb = [b for b in vb if len(b["anchor"]["input_ids"]) > 1]
+    if not vb:
+        raise ValueError(f"{len(val_pairs)} validation pair(s) give no batch of >= 2 pairs; pass more")
+    return vb
+
+
+def _loader_and_val(model, train_pairs, val_pairs, batch_size, seed, val_batches, collate):
+    if len(train_pairs) < batch_size:
+        raise ValueError(f"{len(train_pairs)} training pairs < batch_size {batch_size}")
+    vb = _val_batches(model, val_pairs, batch_size, val_batches, collate)
+    g = torch.Generator().manual_seed(seed)
+    loader = DataLoader(list(train_pairs), batch_size=batch_size, shuffle=True,
+                        collate_fn=collate or PairCollate(model.tokenize), generator=g, drop_last=True)
+    return loader, vb
+
+
+def _val_fn(vb, embed):
+    def eval_fn(m):
+        dev = next(m.parameters()).device
+        vals = [mnrl_loss(m, _to(b, dev), aux_coef=0.0, embed=embed)[1]["mnrl"] for b in vb]
+        return {"val_mnrl": float(np.mean(vals))}
+
+    return eval_fn
+
+
+def _to(batch, dev):
+    return {k: {n: (t.to(dev) if torch.is_tensor(t) else t) for n, t in v.items()} for k, v in batch.items()}
+
+
+def finetune_embedder(model, train_pairs, val_pairs, *, steps: int, batch_size: int = 32, lr: float = 2e-5,
+                      seed: int = 0, eval_every: int = 0, warmup_frac: float = 0.1, aux_coef: float = 0.01,
+                      val_batches: int = 4, collate=None, embed=st_embed, grad_accum: int = 1, device: str = "auto"):
+    """Contrastive fine-tuning through :func:`moelab.train.train`: MNRL (cosine, scale 20 = τ 0.05), AdamW, linear
+    warm-up over 10% then linear decay (SBA paper §V-B). ``collate`` defaults to the SentenceTransformer's tokenizer.
+    Returns the TrainResult (``eval_history.val_mnrl``: validation loss on held-out pairs)."""
+    loader, vb = _loader_and_val(model, train_pairs, val_pairs, batch_size, seed, val_batches, collate)
+    cfg = TrainConfig(lr=lr, steps=steps, warmup_frac=warmup_frac, decay="linear", weight_decay=0.01, seed=seed,
+                      eval_every=eval_every, log_every=max(1, steps // 10), max_grad_norm=1.0, device=device,
+                      desc="mnrl", grad_accum=grad_accum)
+    return train(model, loader, loss_fn=lambda m, b: mnrl_loss(m, b, aux_coef=aux_coef, embed=embed), cfg=cfg,
+                 eval_fn=_val_fn(vb, embed))
+
+
+@torch.no_grad()
+def validation_mnrl(model, val_pairs, batch_size: int = 32, val_batches: int = 4, collate=None,
+                    embed=st_embed) -> float:
+    """Mean MNRL (no balancing term) of ``model`` on the first ``val_batches`` batches of ``val_pairs``."""
+    vb = _val_batches(model, val_pairs, batch_size, val_batches, collate)
+    was = model.training
+    model.eval()
+    try:
+        return _val_fn(vb, embed)(model)["val_mnrl"]
+    finally:
+        model.train(was)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# phase (b): linear aggregation, length by a validation-loss criterion
+# ----------------------------------------------------------------------------------------------------------------------
+def plateau_reached(val_losses, window: int = 3, min_rel_improvement: float = 0.01) -> tuple[bool, float]:
+    """The stop rule of phase (b) (:data:`PLATEAU_RULE`; issue 19 item 1b): over the validation losses
+    ``L_0..L_n`` (one per evaluation),
+    ``improvement = (min L[:n+1-window] - min L[n+1-window:]) / |min L[:n+1-window]|``;
+    stop when it is below ``min_rel_improvement``. Returns ``(stop, improvement)``; ``(False, nan)`` while fewer than
+    ``window + 1`` losses exist."""
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"window={window!r} must be an int >= 1 (evaluations)")
+    if not 0 <= min_rel_improvement < 1:
+        raise ValueError(f"min_rel_improvement={min_rel_improvement!r} must be in [0, 1) (e.g. 0.01 = 1%)")
+    x = np.asarray(val_losses, dtype=float).ravel()
+    if not np.all(np.isfinite(x)):
+        raise ValueError("validation losses contain non-finite values")
+    if len(x) <= window:
+        return False, float("nan")
+    before, recent = x[:len(x) - window].min(), x[len(x) - window:].min()
+    imp = float((before - recent) / max(abs(before), 1e-12))
+    return bool(imp < min_rel_improvement), imp
+
+
+class _PlateauStop(Exception):
+    """Raised from the trainer's on_eval hook when :func:`plateau_reached` says stop."""
+
+
+def _snapshot(model) -> dict:
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def train_until_plateau(model, train_pairs, val_pairs, *, max_steps: int, eval_every: int, window: int = 3,
+                        min_rel_improvement: float = 0.01, batch_size: int = 32, lr: float = 5e-5, seed: int = 0,
+                        warmup_frac: float = 0.05, aux_coef: float = 0.01, val_batches: int = 4, collate=None,
+                        embed=st_embed, keep: str = "last", device: str = "auto") -> dict:
+    """Phase (b) of issue 19 (item 1b; notebook 02_sba): train ``model`` (the nomic-layout stand-in) with **linear**
+    aggregation, MNRL + ``aux_coef`` × balancing loss, AdamW, warm-up then a constant learning rate, evaluating the
+    validation MNRL every ``eval_every`` steps and stopping by :func:`plateau_reached` (``window`` evaluations,
+    ``min_rel_improvement``), at most ``max_steps`` steps.
+
+    Returns dict(checkpoint: CPU state dict at the stop step (``keep="last"``) or at the best validation loss
+    (``keep="best"``), steps: steps trained, checkpoint_step, stopped: True when the rule fired (False = ``max_steps``
+    reached first: the run did not plateau within the budget), improvement (last value of the rule), rule (text),
+    val (DataFrame step, val_mnrl), history (DataFrame step, loss, mnrl, aux), wall_s, model (trained in place))."""
+    if keep not in ("last", "best"):
+        raise ValueError(f"keep={keep!r}; expected 'last' or 'best'")
+    if not isinstance(eval_every, int) or eval_every < 1:
+        raise ValueError(f"eval_every={eval_every!r} must be an int >= 1 (the rule needs evaluations)")
+    if max_steps < eval_every * (window + 1):
+        raise ValueError(f"max_steps={max_steps} < eval_every*(window+1)={eval_every * (window + 1)}: the rule could "
+                         "never fire; raise max_steps or lower eval_every / window")
+    set_aggregation(model, "linear")  # phase (b) is the linear-aggregation MoE the paper's figures describe
+    seed_everything(seed)
+    loader, vb = _loader_and_val(model, train_pairs, val_pairs, batch_size, seed, val_batches, collate)
+    cfg = TrainConfig(lr=lr, steps=max_steps, warmup_frac=warmup_frac, decay="constant", weight_decay=0.01, seed=seed,
+                      eval_every=eval_every, log_every=max(1, eval_every), max_grad_norm=1.0, device=device,
+                      desc="phase-b", grad_accum=1)
+    rows, val_rows = [], []
+    state = {"step": 0, "best": math.inf, "ckpt": None, "ckpt_step": 0, "imp": float("nan"), "stopped": False}
+
+    def loss_fn(m, b):
+        loss, met = mnrl_loss(m, b, aux_coef=aux_coef, embed=embed)
+        rows.append(dict(step=state["step"] + 1, loss=float(loss.detach()), mnrl=met["mnrl"], aux=met["aux"]))
+        return loss, met
+
+    def after_step(step, m):
+        state["step"] = step
+
+    def on_eval(step, metrics):
+        v = float(metrics["val_mnrl"])
+        val_rows.append(dict(step=step, val_mnrl=v))
+        if keep == "best" and v < state["best"]:
+            state.update(best=v, ckpt=_snapshot(model), ckpt_step=step)
+        stop, imp = plateau_reached([r["val_mnrl"] for r in val_rows], window, min_rel_improvement)
+        state["imp"] = imp
+        if stop:
+            state["stopped"] = True
+            raise _PlateauStop
+
+    t0 = pd.Timestamp.now()
+    try:
+        train(model, loader, loss_fn=loss_fn, cfg=cfg, eval_fn=_val_fn(vb, embed),
+              hooks=Hooks(after_step=after_step, on_eval=on_eval))
+    except _PlateauStop:
+        pass
+    model.eval()
+    steps = state["step"]
+    if keep == "last":
+        state.update(ckpt=_snapshot(model), ckpt_step=steps)
+    return dict(checkpoint=state["ckpt"], steps=steps, checkpoint_step=state["ckpt_step"], stopped=state["stopped"],
+                improvement=state["imp"], rule=PLATEAU_RULE.replace("`window`", str(window)).replace(
+                    "`min_rel_improvement`", f"{min_rel_improvement:g}"), val=pd.DataFrame(val_rows),
+                history=pd.DataFrame(rows), wall_s=(pd.Timestamp.now() - t0).total_seconds(), model=model)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# phase (c): from one checkpoint, one aggregation, fixed steps and seed; and the swap-without-fine-tuning arm
+# ----------------------------------------------------------------------------------------------------------------------
+def load_checkpoint(template, checkpoint: dict, aggregation: str):
+    """A copy of ``template`` (a model of the checkpoint's architecture) with ``checkpoint`` loaded and every MoE layer
+    switched to ``aggregation``; the template is left untouched."""
+    check_aggregation(aggregation)
+    if not isinstance(checkpoint, dict) or not checkpoint:
+        raise ValueError("checkpoint must be a non-empty state dict (train_until_plateau(...)['checkpoint'])")
+    m = copy.deepcopy(template)
+    missing, unexpected = m.load_state_dict(checkpoint, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"checkpoint does not match the template: missing {missing[:3]}, unexpected "
+                         f"{unexpected[:3]} (build the template with the same layout as phase (b)'s model)")
+    return set_aggregation(m, aggregation)
+
+
+def swap_aggregation(template, checkpoint: dict, aggregation: str):
+    """The cheap arm of phase (c) (issue 19 item 1c): the phase-(b) checkpoint with ``aggregation`` swapped in and no
+    fine-tuning (eval mode)."""
+    return load_checkpoint(template, checkpoint, aggregation).eval()
+
+
+def finetune_checkpoint(template, checkpoint: dict, *, aggregation: str, seed: int, steps: int, train_pairs,
+                        val_pairs, batch_size: int = 32, lr: float = 2e-5, eval_every: int = 0,
+                        warmup_frac: float = 0.1, aux_coef: float = 0.01, val_batches: int = 4, collate=None,
+                        embed=st_embed, device: str = "auto"):
+    """Phase (c) of issue 19 (item 1c; SBA paper §V-B; notebook 02_sba): from the phase-(b) ``checkpoint``, fine-tune
+    with ``aggregation`` for a fixed number of ``steps`` and ``seed`` (same data, steps and seeds for every
+    aggregation; the paper's schedule: warm-up then linear decay). Returns the TrainResult of
+    :func:`finetune_embedder` (``.model`` the fine-tuned copy)."""
+    m = load_checkpoint(template, checkpoint, aggregation)
+    seed_everything(seed)
+    return finetune_embedder(m, train_pairs, val_pairs, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
+                             eval_every=eval_every, warmup_frac=warmup_frac, aux_coef=aux_coef,
+                             val_batches=val_batches, collate=collate, embed=embed, device=device)
+
+
+def measure_embedder(model, *, evaluate=None, subjects: dict | None = None, max_tokens: int = 200,
+                     forward_fn=None, encode_fn=None) -> dict:
+    """One model measured (notebook 02_sba): ``eval`` = ``evaluate(encode_fn)`` (None without ``evaluate``),
+    ``geo`` / ``counts`` = geometry and routing over ``subjects`` (None without), ``similarity`` per MoE layer."""
+    model.eval()
+    ev = None if evaluate is None else evaluate(encode_fn or st_encode_fn(model))
+    geo = counts = None
+    if subjects:
+        geo, counts = collect_geometry(model, forward_fn or st_forward_fn(model), subjects, max_tokens)
+    return dict(eval=ev, geo=geo, counts=counts, similarity=moe_specialisation(model))
+
+
+def phase_c_run(template, checkpoint: dict, *, aggregation: str, seed: int, steps: int, train_pairs, val_pairs,
+                evaluate=None, subjects=None, max_tokens: int = 200, **kw) -> dict:
+    """:func:`finetune_checkpoint` then :func:`measure_embedder`: dict(history, val, flattened, eval, geo, counts,
+    similarity, wall_s) as :func:`finetune_and_measure` returns (the notebook memoises one per aggregation × seed)."""
+    res = finetune_checkpoint(template, checkpoint, aggregation=aggregation, seed=seed, steps=steps,
+                              train_pairs=train_pairs, val_pairs=val_pairs, **kw)
+    val = res.eval_history
+    out = measure_embedder(res.model, evaluate=evaluate, subjects=subjects, max_tokens=max_tokens)
+    return dict(history=res.history, val=val, flattened=_flattened(val["val_mnrl"].to_numpy()), wall_s=res.wall_s,
+                **out)
+
+
+def swap_run(template, checkpoint: dict, *, aggregation: str, val_pairs=None, evaluate=None, subjects=None,
+             max_tokens: int = 200, batch_size: int = 32, val_batches: int = 4) -> dict:
+    """:func:`swap_aggregation` then :func:`measure_embedder`, plus the validation MNRL (``val_mnrl``) when
+    ``val_pairs`` are given."""
+    m = swap_aggregation(template, checkpoint, aggregation)
+    out = measure_embedder(m, evaluate=evaluate, subjects=subjects, max_tokens=max_tokens)
+    out["val_mnrl"] = (validation_mnrl(m, val_pairs, batch_size, val_batches) if val_pairs else float("nan"))
+    return out
+
+
+def _flattened(losses) -> tuple:
+    """:func:`moelab.train.flattened` of a validation-loss series, (False, nan) when it is too short to judge."""
+    try:
+        return flattened(losses)
+    except ValueError:
+        return (False, float("nan"))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the earlier runs: renormalised stand-in (drop ablation) and the paper profile on nomic
+# ----------------------------------------------------------------------------------------------------------------------
+def finetune_and_measure(*, aggregation: str, seed: int, train_pairs, val_pairs, subjects: dict, steps: int,
+                         batch_size: int, lr: float, eval_every: int, renormalize: bool = True, init: str = "drop",
+                         drop_ratio: float = 0.5, max_tokens: int = 200, evaluate=None, calib_texts=None,
+                         aux_coef: float = 0.01, val_batches: int = 4) -> dict:
+    """Build the renormalised MoE MiniLM with ``aggregation``, fine-tune it (MNRL) and measure it (SBA paper §V, §VI;
+    nb 02_sba; the "experts half random" ablation with ``init="drop"``).
+
+    Returns dict(history, val (validation loss per eval), flattened (bool, relative fall of the validation loss,
+    :func:`moelab.train.flattened`), eval (``evaluate(encode_fn)`` table or None), geo / counts (geometry and
+    routing over ``subjects`` after training), similarity (expert similarity per layer), wall_s).
+    """
+    st = build_moe_minilm(renormalize=renormalize, init=init, aggregation=aggregation, seed=seed,
+                          drop_ratio=drop_ratio, calib_texts=calib_texts)
+    res = finetune_embedder(st, train_pairs, val_pairs, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
+                            eval_every=eval_every, aux_coef=aux_coef, val_batches=val_batches)
+    st = res.model.cpu().eval()
+    val = res.eval_history
+    out = measure_embedder(st, evaluate=evaluate, subjects=subjects, max_tokens=max_tokens)
+    return dict(history=res.history, val=val, flattened=_flattened(val["val_mnrl"].to_numpy()), wall_s=res.wall_s,
+                **out)
+
+
+def init_geometry(*, subjects: dict, renormalize: bool, init: str, seed: int = 0, drop_ratio: float = 0.5,
+                  max_tokens: int = 200, calib_texts=None) -> dict:
+    """Geometry, routing and expert similarity of a freshly upcycled renormalised-layout MoE MiniLM."""
+    st = build_moe_minilm(renormalize=renormalize, init=init, seed=seed, drop_ratio=drop_ratio,
+                          calib_texts=calib_texts)
+    geo, counts = collect_geometry(st, st_forward_fn(st), subjects, max_tokens)
+    return dict(geo=geo, counts=counts, similarity=moe_specialisation(st))
+
+
+def evaluate_mteb_local_nomic(model, mteb_tasks, seed: int = 0) -> pd.DataFrame:
+    """The three MTEB tasks on :class:`moelab.sba.NomicEmbed` (document prefix on every text, as nomic's MTEB runs)."""
+    return evaluate_mteb_local(lambda t: model.encode(t, kind="document").numpy(), mteb_tasks, seed=seed)
+
+
+def nomic_finetune_and_measure(*, model_path, aggregation: str, seed: int, train_triplets, val_triplets,
+                               subjects: dict, steps: int, batch_size: int, lr: float, grad_accum: int = 1,
+                               eval_every: int = 0, max_tokens: int = 200, mteb_tasks=None, device: str = "cpu",
+                               aux_coef: float = 0.0) -> dict:
+    """Paper profile (SBA paper §V): nomic-embed-text-v2-moe from a local path with ``aggregation`` in place of the
+    linear sum, fine-tuned with MNRL on all-nli triplets (query prefix on anchors, document prefix on the rest),
+    evaluated on the three MTEB tasks from local copies; geometry over ``subjects`` after training."""
+    seed_everything(seed)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    m = load_nomic(model_path, aggregation=aggregation, device=device)
+    collate = PairCollate(lambda t: m.tokenize(t, "query"), lambda t: m.tokenize(t, "document"))
+    res = finetune_embedder(m, train_triplets, val_triplets, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
+                            eval_every=eval_every, aux_coef=aux_coef, collate=collate, embed=nomic_embed,
+                            grad_accum=grad_accum)
+    m = res.model.eval()
+    val = res.eval_history
+    ev = None if mteb_tasks is None else evaluate_mteb_local_nomic(m, mteb_tasks, seed=seed)
+    out = measure_embedder(m, subjects=subjects, max_tokens=max_tokens, forward_fn=nomic_forward_fn(m))
+    out["eval"] = ev
+    return dict(history=res.history, val=val, flattened=_flattened(val["val_mnrl"].to_numpy()), wall_s=res.wall_s,
+                **out)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# phases (b) and (c) as a script (python -m moelab.launch moelab.sba:run_from_config --config cfg.json)
+# ----------------------------------------------------------------------------------------------------------------------
+PHASE_B_FILE = "phase_b.pt"
+_PHASE_B_KEYS = ("max_steps", "eval_every", "window", "min_rel_improvement", "batch_size", "lr", "warmup_frac",
+                 "aux_coef", "val_batches", "keep", "device")
+_PHASE_C_KEYS = ("steps", "batch_size", "lr", "eval_every", "warmup_frac", "aux_coef", "val_batches", "device")
+
+
+def run_from_config(config: dict) -> dict:
+    """Notebook 02's phases (b) and (c) on the nomic-layout MiniLM stand-in as a script (issue 19, item 1):
+    ``python -m moelab.launch moelab.sba:run_from_config --config cfg.json``.
+
+    Keys: ``phase`` ("b" or "c"), ``out_dir`` (phase b writes ``phase_b.pt`` there, phase c reads it), ``profile``
+    (the suite's pairs: smoke / default / full), ``seed``. Phase b: ``calib_texts`` (number of training anchors that
+    calibrate the cluster-aware init and the compensation; 256), ``compensate`` (true), and
+    :func:`train_until_plateau`'s ``max_steps``, ``eval_every``, ``window``, ``min_rel_improvement``, ``batch_size``,
+    ``lr``, ``warmup_frac``, ``aux_coef``, ``val_batches``, ``keep``, ``device``. Phase c: ``aggregation`` and
+    :func:`finetune_checkpoint`'s ``steps``, ``batch_size``, ``lr``, ``eval_every``, ``warmup_frac``, ``aux_coef``,
+    ``val_batches``, ``device``; ``benchmarks`` (a suite profile, or null for none). Returns a JSON-able summary."""
+    if not isinstance(config, dict) or config.get("phase") not in ("b", "c") or not config.get("out_dir"):
+        raise ValueError(f"config needs 'phase' ('b' or 'c') and 'out_dir', got {config!r}")
+    cfg = dict(config)
+    phase, out = cfg.pop("phase"), Path(cfg.pop("out_dir"))
+    profile, seed = cfg.pop("profile", "smoke"), int(cfg.pop("seed", 0))
+    data = suite_embed.pairs(profile)
+    if phase == "b":
+        n_calib, compensate = int(cfg.pop("calib_texts", 256)), bool(cfg.pop("compensate", True))
+        _no_unknown(cfg, _PHASE_B_KEYS, "b")
+        calib = [a for a, _ in data["train"][:n_calib]]
+        model = build_nomic_layout_minilm(init="cluster", calib_texts=calib, seed=seed, compensate=compensate)
+        res = train_until_plateau(model, data["train"], data["validation"], seed=seed, **cfg)
+        out.mkdir(parents=True, exist_ok=True)
+        meta = dict(profile=profile, seed=seed, calib_texts=n_calib, compensate=compensate, steps=res["steps"],
+                    checkpoint_step=res["checkpoint_step"], stopped=res["stopped"], rule=res["rule"])
+        torch.save(dict(checkpoint=res["checkpoint"], meta=meta), out / PHASE_B_FILE)
+        return dict(meta, improvement=res["improvement"], val=res["val"].to_dict("records"),
+                    checkpoint=str(out / PHASE_B_FILE))
+    aggregation = check_aggregation(cfg.pop("aggregation", "linear"))
+    bench = cfg.pop("benchmarks", None)
+    _no_unknown(cfg, _PHASE_C_KEYS, "c")
+    f = out / PHASE_B_FILE
+    if not f.is_file():
+        raise ValueError(f"{f} does not exist: run phase 'b' with out_dir={str(out)!r} first")
+    saved = torch.load(f, weights_only=False)
+    template = build_nomic_layout_minilm(init="sparse", seed=seed)  # the architecture; weights from the checkpoint
+    steps = int(cfg.pop("steps", 100))
+    res = finetune_checkpoint(template, saved["checkpoint"], aggregation=aggregation, seed=seed, steps=steps,
+                              train_pairs=data["train"], val_pairs=data["validation"], **cfg)
+    ev = None
+    if bench:
+        benches = suite_embed.benchmarks(bench)
+        ev = suite_embed.evaluate(st_encode_fn(res.model.eval()), benches).to_dict("records")
+    return dict(phase_b=saved["meta"], aggregation=aggregation, seed=seed, steps=steps,
+                val=res.eval_history.to_dict("records"), eval=ev)
+
+
+def _no_unknown(cfg: dict, known: tuple, phase: str) -> None:
+    unknown = sorted(set(cfg) - set(known))
+    if unknown:
+        raise ValueError(f"unknown phase-{phase} config keys {unknown}; known: {sorted(known)}")

@@ -1,0 +1,160 @@
+"""Tables and figures of notebook ``02_sba`` from the runs' saved results (SBA paper Figs. 1, 2, 5, Tables I/II).
+
+Every number here is computed from the run dicts / geometry tables that :mod:`moelab.sba.experiment` returns; the
+claims read the tables the notebook saves from these functions.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from moelab.core import diagnostics
+from moelab.stats import bootstrap_ci
+
+from .experiment import _flattened
+from .geometry import routing_jsd
+from .method import AGGREGATIONS
+
+__all__ = ["scores_long", "training_table", "phase_b_table", "plot_validation", "plt_subplots", "plot_hist",
+           "plot_fig5", "specialisation_table", "table_one"]
+
+_COLORS = {"linear": "tab:blue", "sba": "tab:orange", "sba_normfree": "tab:green", "sba_unit": "tab:red"}
+
+
+def plt_subplots(*a, **k):
+    """``matplotlib.pyplot.subplots`` (kept as a name of this package for the notebook)."""
+    return plt.subplots(*a, **k)
+
+
+def scores_long(runs: dict) -> pd.DataFrame:
+    """{(aggregation, seed): run dict with an ``eval`` table} -> one long table with aggregation and seed columns."""
+    frames = [r["eval"].assign(aggregation=a, seed=s) for (a, s), r in runs.items() if r.get("eval") is not None]
+    if not frames:
+        raise ValueError("no evaluation tables in the runs")
+    return pd.concat(frames, ignore_index=True)
+
+
+def _task_col(df):
+    for c in ("benchmark", "task", "name", "dataset"):
+        if c in df.columns:
+            return c
+    raise ValueError(f"evaluation table has no benchmark/task column: {list(df.columns)}")
+
+
+def _with_key(scores: pd.DataFrame) -> pd.DataFrame:
+    """Add ``bench`` = benchmark (+ '/metric' when a benchmark reports several metrics)."""
+    tc = _task_col(scores)
+    if "metric" not in scores.columns:
+        return scores.assign(bench=scores[tc].astype(str))
+    multi = scores.groupby(tc)["metric"].transform("nunique") > 1
+    return scores.assign(bench=np.where(multi, scores[tc].astype(str) + "/" + scores["metric"].astype(str),
+                                        scores[tc].astype(str)))
+
+
+def training_table(runs: dict) -> pd.DataFrame:
+    """Per run: steps, first/last train and validation MNRL, flattened?, wall time, router gradient summary."""
+    rows = []
+    for (agg, seed), r in runs.items():
+        h, v = r["history"], r["val"]
+        flat, fall = r["flattened"]
+        rows.append(dict(aggregation=agg, seed=seed, steps=int(h.step.max()),
+                         train_mnrl_first=float(h.mnrl.iloc[0]), train_mnrl_last=float(h.mnrl.iloc[-1]),
+                         val_mnrl_first=float(v.val_mnrl.iloc[0]) if len(v) else np.nan,
+                         val_mnrl_last=float(v.val_mnrl.iloc[-1]) if len(v) else np.nan,
+                         flattened=bool(flat), val_relative_fall=float(fall),
+                         train_flattened=bool(_flattened(h.mnrl.to_numpy())[0]),
+                         train_relative_fall=float(_flattened(h.mnrl.to_numpy())[1]), wall_s=float(r["wall_s"]),
+                         **diagnostics.router_grad_summary(h)))
+    return pd.DataFrame(rows)
+
+
+def phase_b_table(res: dict) -> pd.DataFrame:
+    """One row for the phase-(b) run of :func:`moelab.sba.train_until_plateau`: steps, stopped by the rule?, the
+    rule's last relative improvement, first/best/last validation MNRL, the rule's text."""
+    v = res["val"]
+    return pd.DataFrame([dict(steps=res["steps"], checkpoint_step=res["checkpoint_step"], stopped=res["stopped"],
+                              improvement=res["improvement"], n_evals=len(v),
+                              val_mnrl_first=float(v.val_mnrl.iloc[0]) if len(v) else np.nan,
+                              val_mnrl_best=float(v.val_mnrl.min()) if len(v) else np.nan,
+                              val_mnrl_last=float(v.val_mnrl.iloc[-1]) if len(v) else np.nan,
+                              wall_s=res["wall_s"], rule=res["rule"])])
+
+
+def plot_validation(runs: dict):
+    fig, ax = plt_subplots(1, 1, figsize=(5, 3.2))
+    for (agg, seed), r in runs.items():
+        v = r["val"]
+        if len(v):
+            ax.plot(v.step, v.val_mnrl, label=f"{agg} s{seed}", color=_COLORS.get(agg), alpha=0.5 + 0.15 * (seed % 3))
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation MNRL")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def plot_hist(geo: pd.DataFrame, col: str, xlabel: str, by: str = "model", bins: int = 60):
+    """Overlaid normalised histograms of ``col`` per ``by`` group (Figs. 1 and 2)."""
+    fig, ax = plt_subplots(1, 1, figsize=(6, 3.4))
+    lo, hi = np.nanpercentile(geo[col], [0.5, 99.5])
+    edges = np.linspace(lo, hi, bins)
+    for name, d in geo.groupby(by, sort=False):
+        ax.hist(d[col].clip(lo, hi), bins=edges, density=True, histtype="step", lw=1.4, label=name)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("density")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_fig5(geo: pd.DataFrame, reference: str = "r_bar"):
+    """Fig. 5: each model's own operator (linear-trained: linear; SBA-trained: SBA), init models both; ``reference``
+    "r_bar" plots ||y|| / mean(r1, r2), "sum_w_r" plots ||y|| / Σ_i w_i r_i (see :func:`moelab.sba.pair_geometry`)."""
+    if reference not in ("r_bar", "sum_w_r"):
+        raise ValueError(f"reference={reference!r}; expected 'r_bar' or 'sum_w_r'")
+    prefix = "ratio_" if reference == "r_bar" else "radius_ratio_"
+    fig, ax = plt_subplots(1, 1, figsize=(6, 3.4))
+    edges = np.linspace(0, 1.3, 66)
+    for name, d in geo.groupby("model", sort=False):
+        ops = ["linear", "sba"] if d.stage.iloc[0] == "init" else (
+            [name.split(" ")[0]] if name.split(" ")[0] in AGGREGATIONS else ["linear"])
+        for op in ops:
+            ax.hist(d[f"{prefix}{op}"].clip(0, 1.3), bins=edges, density=True, histtype="step", lw=1.3,
+                    ls="-" if op == "linear" else "--", label=f"{name}: {op}")
+    ax.axvline(1.0, color="k", lw=0.6)
+    ax.set_xlabel("||y|| / mean(r1, r2)" if reference == "r_bar" else "||y|| / Σ w_i r_i")
+    ax.set_ylabel("density")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+def specialisation_table(inits: dict, runs: dict) -> pd.DataFrame:
+    """Routing JSD across subjects (mean over MoE layers) and mean expert similarity, at init and after training."""
+    rows = []
+    for name, r in inits.items():
+        rows.append(dict(model=name, stage="init", seed=None,
+                         routing_jsd_bits=float(routing_jsd(r["counts"]).set_index("layer").loc["mean", "jsd_bits"]),
+                         expert_similarity=float(r["similarity"].expert_similarity.mean())))
+    for (agg, seed), r in runs.items():
+        rows.append(dict(model=f"{agg} (fine-tuned)", stage="fine-tuned", seed=seed,
+                         routing_jsd_bits=float(routing_jsd(r["counts"]).set_index("layer").loc["mean", "jsd_bits"]),
+                         expert_similarity=float(r["similarity"].expert_similarity.mean())))
+    return pd.DataFrame(rows)
+
+
+def table_one(scores: pd.DataFrame) -> pd.DataFrame:
+    """Table I/II: per aggregation and benchmark, mean over seeds (x100) with a bootstrap 95% CI over seeds, and the
+    mean of the per-run intervals the suite reports (bootstrap over items / subsets)."""
+    sc = _with_key(scores)
+    rows = []
+    for (agg, bench), d in sc.groupby(["aggregation", "bench"], sort=False):
+        v = d.groupby("seed").score.mean().to_numpy()
+        est, lo, hi = bootstrap_ci(v) if len(v) > 1 else (v[0],) * 3
+        row = dict(aggregation=agg, benchmark=bench, mean=100 * est, seeds_ci_low=100 * lo, seeds_ci_high=100 * hi,
+                   n_seeds=len(v))
+        if "ci_low" in d.columns:
+            row.update(run_ci_low=100 * d.ci_low.mean(), run_ci_high=100 * d.ci_high.mean())
+        rows.append(row)
+    return pd.DataFrame(rows)

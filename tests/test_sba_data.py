@@ -1,0 +1,58 @@
+"""Paper-profile inputs of notebook 02_sba (issue 19, item 4): ``NLI_PATH`` pointing at an all-nli root finds its
+``triplet/`` split, and every missing input names the notebook parameter to pass (moelab.profiles.paper_input_hint).
+A tiny fake all-nli in the hub's layout: <root>/{pair,pair-class,pair-score,triplet}/{train,dev}-00000-of-00001.parquet."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from moelab import sba
+from moelab.assets import MissingAsset
+
+SUBSET_COLUMNS = {"pair": ["anchor", "positive"], "pair-class": ["premise", "hypothesis", "label"],
+                  "pair-score": ["sentence1", "sentence2", "score"], "triplet": ["anchor", "positive", "negative"]}
+
+
+def _fake_allnli(root, subsets=SUBSET_COLUMNS):
+    for sub, cols in subsets.items():
+        (root / sub).mkdir(parents=True)
+        for split, n in (("train", 3), ("dev", 2), ("test", 1)):
+            pd.DataFrame({c: [f"{sub}-{split}-{c}-{i}" if c not in ("label", "score") else i for i in range(n)]
+                          for c in cols}).to_parquet(root / sub / f"{split}-00000-of-00001.parquet")
+    return root
+
+
+def test_allnli_root_finds_the_triplet_split(tmp_path):
+    root = _fake_allnli(tmp_path / "all-nli")
+    want = [(f"triplet-train-anchor-{i}", f"triplet-train-positive-{i}", f"triplet-train-negative-{i}")
+            for i in range(3)]
+    assert sba.find_allnli_triplet_dir(root) == root / "triplet"
+    assert sba.load_allnli_triplets(root) == want  # the root: 'pair/' sorts first and must not be read
+    assert sba.load_allnli_triplets(root / "triplet") == want  # the triplet folder itself
+    assert sba.load_allnli_triplets(tmp_path) == want  # a folder above the root
+    assert sba.load_allnli_triplets(root, "dev", limit=1) == [("triplet-dev-anchor-0", "triplet-dev-positive-0",
+                                                               "triplet-dev-negative-0")]
+    f = root / "triplet" / "test-00000-of-00001.parquet"
+    assert len(sba.load_allnli_triplets(f)) == 1
+
+
+def test_every_missing_input_names_what_to_pass(tmp_path):
+    with pytest.raises(MissingAsset, match=r"-p NLI_PATH=<path>"):
+        sba.load_allnli_triplets(tmp_path / "nope")
+    with pytest.raises(MissingAsset, match=r"-p NLI_PATH=<path>"):
+        sba.load_allnli_triplets(None)
+    only_pairs = _fake_allnli(tmp_path / "pairs-only", {"pair": SUBSET_COLUMNS["pair"]})
+    with pytest.raises(MissingAsset, match=r"no 'triplet/' folder.*-p NLI_PATH=<path>"):
+        sba.load_allnli_triplets(only_pairs)
+    root = _fake_allnli(tmp_path / "all-nli", {"triplet": SUBSET_COLUMNS["triplet"]})
+    with pytest.raises(MissingAsset, match=r"no 'validation' file.*-p NLI_PATH=<path>"):
+        sba.load_allnli_triplets(root, "validation")
+    with pytest.raises(MissingAsset, match=r"STSBenchmark.*-p MTEB_PATH=<path>"):
+        sba.load_mteb_local(tmp_path / "nope")
+    with pytest.raises(MissingAsset, match=r"-p MTEB_PATH=<path>"):
+        sba.load_mteb_local(None)
+    (tmp_path / "mteb" / "STSBenchmark").mkdir(parents=True)
+    with pytest.raises(MissingAsset, match=r"no 'test' file.*-p MTEB_PATH=<path>"):
+        sba.load_mteb_local(tmp_path / "mteb")
+    with pytest.raises(MissingAsset, match=r"-p MODEL_PATH=<path>"):
+        sba.load_nomic(tmp_path / "no-model")
