@@ -79,11 +79,7 @@ cfg = moelab.profiles.select(
              "n_test_per_domain": 10, "steps": 20, "batch": 8, "eval_every": 4, "seeds": [SEED, SEED + 1],
              "variants": ["dense", "pesc", "moce", "moce_gen"], "lm_limit": 10, "lm_tasks_max": 1, "n_fig5": 50,
              "fig5_tasks": FIG5_TASKS},
-    # full: every variant and ablation at default's per-run scale, one seed. Estimate on this 2-core CPU ~35 min,
-    # from trials at load average 4-5 (1 torch thread): training 1.5-1.9 s per batch-8 step on the 2 adapted blocks ->
-    # 21 runs (18 + 3 BTX branches) x 20 steps + validation ~14 min; evaluation 0.95 s per held-out item for the
-    # vanilla model (fills the trunk memo), 0.22 s per item for each of 18 trained models, 150 items ~12.5 min;
-    # clustering 300 instructions x 2 encoders, Fig. 5 and the hidden-state cache ~7 min (scaled from smoke's cells).
+    # full: every variant and ablation at default's per-run scale, one seed (measured wall time: README timings table)
     full={**base, "n_cluster": 300, "n_top": 2, "max_len": 160, "n_train": 160, "n_val": 24, "n_test_per_domain": 50,
           "steps": 20, "batch": 8, "eval_every": 4, "seeds": [SEED],
           "variants": ["dense", "pesc", "moce", "moce_gen", "moce_top1", "moce_soft", "seq_only", "btx"],
@@ -114,8 +110,8 @@ if PROFILE == "paper":
     data = moce.load_paper_mix(DATA_PATHS or {})
     data["test"] = moelab.suite.instruct.build("full")["test"]
 else:
-    data = moelab.suite.instruct.build(PROFILE)
-clu_items = moce.subsample(data["train"], cfg["n_cluster"], seed=SEED)
+    data = moelab.suite.instruct.build_balanced(PROFILE)  # equal training / validation counts per domain
+clu_items = moce.subsample(data["train"], cfg["n_cluster"], seed=SEED, by="domain")
 encoders = cfg["encoders"] if PROFILE != "paper" else [MOCE_ENCODER]
 study = moce.clustering_study(clu_items, encoders, cfg["ks"], seed=SEED, projections=cfg["projections"])
 run.save_table(study["curves"], "appB", "elbow-sse", caption="within-cluster SSE per k and encoder")
@@ -189,8 +185,8 @@ else:
     model, tok = assets.load_smollm2()
 layers = moce.top_layer_ids(model, cfg["n_top"])
 start = min(layers)  # first adapted block: blocks below it are frozen and cached
-train_items = clu_items[: cfg["n_train"]]  # a random subset (data are shuffled), embedded already
-val_items = moce.subsample(data["validation"], cfg["n_val"], seed=SEED)
+train_items = clu_items[: cfg["n_train"]]  # a prefix, balanced by domain (subsample interleaves), embedded already
+val_items = moce.subsample(data["validation"], cfg["n_val"], seed=SEED, by="domain")
 test_items = moce.subsample(data["test"], 3 * cfg["n_test_per_domain"], seed=SEED, by="domain")
 ccfg = {"model": "paper" if PROFILE == "paper" else "smollm2-135m-instruct", "profile": PROFILE}
 train_ex = moce.build_cache(model, tok, train_items, np.zeros(len(train_items), int), start, cfg["max_len"], ccfg)
@@ -237,17 +233,7 @@ run.note(steps_per_run={f"{r.spec.name}/s{r.seed}": r.steps for r in results}, c
 # embedding. The frozen lower blocks are memoised across models, so each extra model costs only its top blocks.
 
 # %%
-try:
-    from moelab.suite import scorecard
-
-    if not scorecard.CSV.exists():  # never rebuild the scorecard here (hours of CPU)
-        raise FileNotFoundError(scorecard.CSV)
-    usable = [t for t in scorecard.usable_tasks("smollm2-135m-instruct") if not t.startswith("moelab_nll")]
-    usable_note = "suite.scorecard.usable_tasks('smollm2-135m-instruct')"
-except (ImportError, AttributeError, ValueError, FileNotFoundError) as e:  # the scorecard has not landed
-    usable = ["moelab_math_mc", "moelab_bb_hyperbaton", "moelab_bb_navigate"]
-    usable_note = f"fixed list (scorecard unavailable: {type(e).__name__})"
-lm_tasks = [t for t in usable if t not in ("moelab_gsm", "moelab_humaneval")][: cfg["lm_tasks_max"]]
+lm_tasks, usable_note = moce.lm_tasks_for("smollm2-135m-instruct", cfg["lm_tasks_max"])
 cluster_of = {k: moce.cluster_predictor(c, MOCE_ENCODER) for k, c in cms.items()}
 test_groups = {k: c.predict(emb_te) for k, c in cms.items()}
 scores = moce.evaluate_runs(model, tok, [None] + results, test_items, test_groups, lm_tasks, cfg["lm_limit"],
@@ -302,7 +288,6 @@ else:
 g_scores = None
 if cfg.get("gemma_variants"):
     gmodel, gtok = assets.load_gemma3()
-    torch.set_num_threads(1)
     g_layers = moce.top_layer_ids(gmodel, cfg["n_top"])
     g_ccfg = {"model": "gemma-3-270m", "profile": PROFILE}
     g_train = moce.build_cache(gmodel, gtok, train_items, np.zeros(len(train_items), int), min(g_layers),
@@ -314,10 +299,7 @@ if cfg.get("gemma_variants"):
                                 cache_config=g_ccfg)
     g_idx = [j for d in sorted({it["domain"] for it in test_items})  # the first items of each domain
              for j in [i for i, it in enumerate(test_items) if it["domain"] == d][: cfg["gemma_test_per_domain"]]]
-    from moelab.suite import scorecard
-
-    g_lm = [t for t in scorecard.usable_tasks("gemma-3-270m")
-            if not t.startswith("moelab_nll") and t not in ("moelab_gsm", "moelab_humaneval")][: cfg["lm_tasks_max"]]
+    g_lm, _ = moce.lm_tasks_for("gemma-3-270m", cfg["lm_tasks_max"])
     g_scores = moce.evaluate_runs(gmodel, gtok, [None] + g_results, [test_items[i] for i in g_idx],
                                   {k: v[g_idx] for k, v in test_groups.items()}, g_lm, cfg["lm_limit"], cluster_of,
                                   g_layers)

@@ -15,14 +15,20 @@ Every training and validation record is checked against every evaluation item (a
 ``lmeval`` task items, all HumanEval prompts): exact duplicates after normalisation and near-duplicates
 (character 5-gram Jaccard >= 0.9, ``dedup``) are removed and counted in ``build_stats``.
 Deterministic (seed 0) and cached with ``moelab.cache.memo``.
+
+``build(profile)`` keeps every source's pool (maths and reasoning pools are 4-15x the code pool; notebook 05 reads its
+code records). ``build_balanced(profile)`` (issue 20, item 1; notebook 01) draws the *same number* of training and
+validation records from each domain (:data:`BALANCED`), spread evenly over each domain's sources (maths: BIG-bench MC
+and GSM-style; reasoning: one share per BIG-bench task), so no domain is starved; ``domain_counts`` tabulates a mix.
 """
 from __future__ import annotations
 
 import functools
 
 import numpy as np
+import pandas as pd
 
-from moelab import profiles
+from moelab import cache, profiles
 from moelab.suite import bigbench, codegen, dedup, mathgen
 
 VERSION = "instruct-v2"
@@ -168,8 +174,6 @@ def build(profile: str) -> dict:
     Cached (``moelab.cache.memo("instruct", ...)``); ``build_stats(profile)`` gives the dedup counts.
     """
     profiles.check_profile(profile)
-    from moelab import cache
-
     out = cache.memo("instruct", dict(version=VERSION, profile=profile, sizes=SIZES[profile], seed=SEED),
                      lambda: _build(profile))
     return {k: v for k, v in out.items() if not k.startswith("_")}
@@ -177,8 +181,69 @@ def build(profile: str) -> dict:
 
 def build_stats(profile: str) -> dict:
     """Dedup counts of ``build(profile)``: per split, exact / near duplicates of evaluation items removed."""
-    from moelab import cache
-
     out = cache.memo("instruct", dict(version=VERSION, profile=profile, sizes=SIZES[profile], seed=SEED),
                      lambda: _build(profile))
     return out["_stats"]
+
+
+# ------------------------------------------------------------------ the balanced mix (issue 20, item 1; notebook 01)
+DOMAINS = ("maths", "code", "reasoning")
+# records per domain drawn by build_balanced (the code pool, 60 in smoke and 754 in default/full after dedup, bounds
+# them): smoke 40 / 5, default 250 / 40, full and paper 750 / 90 (train / validation)
+BALANCED = {"smoke": dict(train=40, validation=5), "default": dict(train=250, validation=40),
+            "full": dict(train=750, validation=90)}
+BALANCED["paper"] = BALANCED["full"]
+BALANCE_RULE = dict(min_ratio=0.8)  # every domain >= 0.8 x the largest domain, in every profile and split
+
+
+def _spread(records: list[dict], n: int, seed: int, key: str = "task") -> list[dict]:
+    """``n`` records spread evenly over the values of ``key`` (round robin over the values in sorted order, each in a
+    seeded random order; a value that runs out leaves its turns to the others)."""
+    rng = np.random.default_rng(seed)
+    groups = {}
+    for r in records:
+        groups.setdefault(r[key] if key != "task" or not r[key].startswith("gsm:") else "gsm", []).append(r)
+    queues = [[g[i] for i in rng.permutation(len(g))] for _, g in sorted(groups.items())]
+    out, r = [], 0
+    while len(out) < n and any(r < len(q) for q in queues):
+        out += [q[r] for q in queues if r < len(q)][: n - len(out)]
+        r += 1
+    return out
+
+
+def balance(mix: dict, n_train: int, n_validation: int, seed: int = SEED) -> dict:
+    """Equal per-domain counts: ``min(n, smallest domain pool)`` training and validation records from each of
+    :data:`DOMAINS`, spread over each domain's tasks (GSM templates pooled as one source); records shuffled (seeded).
+    ``test`` is kept whole: it is the evaluation pool, from which notebooks draw equal counts per domain
+    (``moelab.moce.subsample(..., by="domain")``). A domain with no records -> ``ValueError`` naming it."""
+    out = {"test": list(mix["test"])}
+    for split, n in (("train", n_train), ("validation", n_validation)):
+        pools = {d: [r for r in mix[split] if r["domain"] == d] for d in DOMAINS}
+        empty = [d for d, p in pools.items() if not p]
+        if empty:
+            raise ValueError(f"instruction split {split!r} has no {empty} records: cannot balance the domains")
+        per = min(n, *(len(p) for p in pools.values()))
+        recs = [r for j, d in enumerate(DOMAINS) for r in _spread(pools[d], per, seed + 10 * j + len(split))]
+        perm = np.random.default_rng(seed + 200).permutation(len(recs))
+        out[split] = [recs[i] for i in perm]
+    return out
+
+
+def build_balanced(profile: str) -> dict:
+    """The instruction mix of ``profile`` with equal per-domain training and validation counts (:data:`BALANCED`,
+    drawn from ``build(profile)``'s deduplicated pools by :func:`balance`): ``{"train", "validation", "test"}``."""
+    profiles.check_profile(profile)
+    return balance(build(profile), **{f"n_{k}": v for k, v in BALANCED[profile].items()})
+
+
+def domain_counts(mix: dict):
+    """Records per split and domain: DataFrame(split, domain, n, share, ratio_to_max) (ratio to the split's largest
+    domain; the balance rule :data:`BALANCE_RULE` asks for >= 0.8)."""
+    rows = []
+    for split in ("train", "validation", "test"):
+        recs = mix.get(split, [])
+        counts = {d: sum(r["domain"] == d for r in recs) for d in DOMAINS}
+        top = max(counts.values()) or 1
+        rows += [dict(split=split, domain=d, n=c, share=c / max(1, len(recs)), ratio_to_max=c / top)
+                 for d, c in counts.items()]
+    return pd.DataFrame(rows)

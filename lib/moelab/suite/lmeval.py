@@ -33,6 +33,7 @@ from lm_eval.models.huggingface import HFLM
 
 from moelab import progress
 from moelab.suite import scorer
+from moelab.suite.encoding import encode_pair
 
 TASK_DIR = Path(__file__).resolve().parents[3] / "data" / "lm_tasks"
 MC_TASKS = {"math_mc": "elementary_math_qa/question_only"}
@@ -275,23 +276,19 @@ def domain_nll(model, tok, items, batch_size: int = 1, batch_context=None):
     """Per-item negative log-likelihood and bits per byte of reference answers, through ``moelab.suite.scorer``.
 
     ``items``: list of ``dict(instruction, answer)`` (e.g. ``instruct.build(p)["test"]``) or (context, answer)
-    pairs. Tokenisation as before issue 17 (context with the tokenizer's special tokens, answer with a leading space,
-    tokenised apart) so committed results keep their values. Returns a DataFrame (nll = -sum log p(answer tokens |
-    instruction) in nats, n_tokens, bpb). ``batch_size`` 1 (the old one-at-a-time passes) keeps per-sequence model
-    state set for one sequence valid (MoCE's ``set_group_ids``); pass more where the model has none, or set the state
-    per batch with ``batch_context(rows, attention_mask)`` (``moelab.suite.scorer``).
+    pairs. Tokenisation: ``moelab.suite.encoding.encode_pair`` (context with the tokenizer's special tokens, answer
+    with a leading space, tokenised apart; unchanged since issue 17), the helper MoCE's training uses too. Returns a
+    DataFrame (nll = -sum log p(answer tokens | instruction) in nats, n_tokens, bpb). ``batch_size`` 1 (the old
+    one-at-a-time passes) keeps per-sequence model state set for one sequence valid (MoCE's ``set_group_ids``); pass
+    more where the model has none, or set the state per batch with ``batch_context(rows, attention_mask)``
+    (``moelab.suite.scorer``; MoCE: ``moce.evaluate_runs``).
     """
     import pandas as pd
 
     pairs = [(it["instruction"], it["answer"]) if isinstance(it, dict) else tuple(it) for it in items]
     if not pairs:
         raise ValueError("domain_nll got no items")
-    reqs = []
-    for ctx, ans in pairs:
-        ans_ids = tok(" " + ans.lstrip() if not ans.startswith((" ", "\n")) else ans, add_special_tokens=False)["input_ids"]
-        if not ans_ids:
-            raise ValueError(f"empty reference answer for instruction {ctx[:60]!r}")
-        reqs.append((tok(ctx, add_special_tokens=True)["input_ids"], ans_ids))
+    reqs = [encode_pair(tok, ctx, ans) for ctx, ans in pairs]   # the training tokenisation (issue 20, item 6)
     # batch_size 1 without batch_context: one sequence per forward pass, also for answers sharing an instruction
     res = scorer.loglikelihood_tokens(model, reqs, batch_size=batch_size, batch_context=batch_context,
                                       share_context=batch_size > 1 or batch_context is not None)

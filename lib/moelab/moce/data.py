@@ -1,0 +1,242 @@
+"""MoCE's data: the instruction mix as prompts and answer tokens, the cached trunk states, the paper's data sets
+(Eo et al. §4.1, App. A; notebook ``notebooks/01_moce.py``).
+
+The suite's maths / code / reasoning mix (``moelab.suite.instruct.build_balanced``: equal counts per domain) stands in
+for SlimOrca + Magicoder + MetaMathQA; the paper profile reads those three from local files (:func:`load_paper_mix`).
+Prompts and answers are tokenised by ``moelab.suite.encoding.encode_pair``, the tokenisation the scorer uses too.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from moelab import cache
+from moelab.assets import MissingAsset, load_causal_lm
+from moelab.moce.method import BTX_DOMAINS
+from moelab.moce.trunk import lower_hidden_states
+from moelab.profiles import paper_input_hint
+from moelab.suite.encoding import encode_pair, special_prefix_length
+
+__all__ = ["PROMPT_FORMAT", "MIN_ANSWER_TOKENS", "TOKENISATION", "prompt_text", "encode_item", "tokenize_example",
+           "collate", "build_cache", "subsample", "with_groups", "btx_domain_splits", "PAPER_SOURCES",
+           "load_paper_mix", "load_paper_model", "paper_encoder_path"]
+
+PROMPT_FORMAT = "{instruction}\nAnswer:"
+MIN_ANSWER_TOKENS = 16
+TOKENISATION = "encode_pair-v1"  # names the rule in moelab.suite.encoding; part of the hidden-state cache key
+
+
+def prompt_text(tok, instruction: str) -> str:
+    """The prompt: ``"<instruction>\nAnswer:"``, the format of the suite's lm-eval multiple-choice tasks (their prompt
+    is the instruction plus ``"\nAnswer:"``, the continuation ``" " + option``), so training and evaluation agree."""
+    return PROMPT_FORMAT.format(instruction=instruction)
+
+
+def encode_item(tok, item: dict) -> tuple[list[int], list[int]]:
+    """``(prompt_ids, answer_ids)`` of an instruction record, through ``moelab.suite.encoding.encode_pair`` (the
+    tokenizer's special tokens, e.g. Gemma-3's ``<bos>``, on the prompt; the answer after one space, without them):
+    the same tokens for training (:func:`tokenize_example`) and scoring (``suite.lmeval.domain_nll``)."""
+    return encode_pair(tok, prompt_text(tok, item["instruction"]), str(item["answer"]))
+
+
+def tokenize_example(tok, item: dict, max_len: int) -> dict:
+    """``input_ids [S]`` and ``labels [S]`` (-100 on the prompt: loss on the answer and EOS only), S <= ``max_len``.
+
+    Tokens: :func:`encode_item` (the scorer's), plus EOS after the answer. Defined behaviour for an instruction longer
+    than the context: the prompt keeps its special prefix (BOS) and its *last* ``max_len - MIN_ANSWER_TOKENS`` tokens
+    in all (the question's end and the generation prompt) and ``truncated`` is set; the answer is cut at ``max_len``.
+    ``max_len`` < 2·MIN_ANSWER_TOKENS -> ``ValueError``.
+    """
+    if max_len < 2 * MIN_ANSWER_TOKENS:
+        raise ValueError(f"max_len={max_len} is too short (need >= {2 * MIN_ANSWER_TOKENS})")
+    p, a = encode_item(tok, item)
+    a = a + [tok.eos_token_id]
+    room = max_len - MIN_ANSWER_TOKENS
+    truncated = len(p) > room
+    if truncated:
+        n_pre = special_prefix_length(tok, p)
+        p = p[:n_pre] + p[n_pre:][-(room - n_pre):]
+    a = a[: max_len - len(p)]
+    ids = torch.tensor(p + a, dtype=torch.long)
+    labels = torch.tensor([-100] * len(p) + a, dtype=torch.long)
+    return {"input_ids": ids, "labels": labels, "truncated": truncated}
+
+
+def collate(examples: list[dict]) -> dict:
+    """Right-pad cached examples: ``h [B,S,d]``, ``labels [B,S]`` (-100 pad), ``mask [B,S]``, ``group_ids [B]``."""
+    B = len(examples)
+    S = max(e["h"].shape[0] for e in examples)
+    d = examples[0]["h"].shape[1]
+    h = torch.zeros(B, S, d)
+    labels = torch.full((B, S), -100, dtype=torch.long)
+    mask = torch.zeros(B, S)
+    for i, e in enumerate(examples):
+        n = e["h"].shape[0]
+        h[i, :n], labels[i, :n], mask[i, :n] = e["h"], e["labels"], 1
+    return {"h": h, "labels": labels, "mask": mask,
+            "group_ids": torch.tensor([int(e.get("group", 0)) for e in examples]),
+            "idx": torch.tensor([int(e.get("idx", -1)) for e in examples])}
+
+
+def build_cache(model, tok, items: list[dict], groups, start: int, max_len: int, cache_config: dict | None = None):
+    """Tokenised examples with the frozen lower blocks' output ``h [S,d]`` and the sequence's cluster ``group``.
+
+    With ``cache_config`` (JSON-able, naming the model and data) the hidden states are stored with
+    ``moelab.cache.memo`` and reused by every variant and later runs.
+    """
+    if len(items) == 0:
+        raise ValueError("build_cache got no items")
+    groups = np.asarray(groups)
+    if len(groups) != len(items):
+        raise ValueError(f"{len(groups)} group ids for {len(items)} items")
+    toks = [tokenize_example(tok, it, max_len) for it in items]
+
+    def compute():
+        return lower_hidden_states(model, [t["input_ids"] for t in toks], start)
+
+    if cache_config is not None:
+        digest = hashlib.sha256(json.dumps([[it["instruction"], str(it["answer"])] for it in items]).encode()).hexdigest()
+        hs = cache.memo("moce-hidden", {**cache_config, "start": start, "max_len": max_len, "items": digest,
+                                        "tokenisation": TOKENISATION}, compute)
+    else:
+        hs = compute()
+    return [{"h": h, "labels": t["labels"], "input_ids": t["input_ids"], "group": int(g), "idx": i,
+             "truncated": t["truncated"], "domain": it.get("domain"), "task": it.get("task")}
+            for i, (h, t, g, it) in enumerate(zip(hs, toks, groups, items))]
+
+
+def subsample(items: list[dict], n: int | None, seed: int = 0, by: str | None = None) -> list[dict]:
+    """A seeded subset of ``n`` items (all if ``n`` is None or >= len); with ``by`` (e.g. "domain"), equal shares per
+    value: ``n // V`` each (the first ``n % V`` values in sorted order get one more; a value with fewer items gives
+    all it has), interleaved value by value (each in a seeded random order) so every prefix is balanced too."""
+    if by is None:
+        if n is None or len(items) <= n:
+            return list(items)
+        rng = np.random.default_rng(seed)
+        return [items[i] for i in np.sort(rng.choice(len(items), n, replace=False))]
+    if any(by not in it for it in items):
+        raise ValueError(f"subsample(by={by!r}): some items have no {by!r} field")
+    vals = sorted({it[by] for it in items})
+    if not vals:
+        return []
+    rng = np.random.default_rng(seed)
+    pools = []
+    for j, v in enumerate(vals):
+        pool = [it for it in items if it[by] == v]
+        want = len(pool) if n is None else n // len(vals) + (1 if j < n % len(vals) else 0)
+        order = rng.permutation(len(pool))[:min(want, len(pool))]
+        pools.append([pool[i] for i in order])
+    out = []
+    for r in range(max(len(p) for p in pools)):   # round robin: any prefix holds the values in equal shares
+        out += [p[r] for p in pools if r < len(p)]
+    return out
+
+
+def with_groups(examples: list[dict], groups) -> list[dict]:
+    """Shallow copies of cached examples with the sequence cluster ``group`` set."""
+    groups = np.asarray(groups)
+    if len(groups) != len(examples):
+        raise ValueError(f"{len(groups)} group ids for {len(examples)} examples")
+    return [{**e, "group": int(g)} for e, g in zip(examples, groups)]
+
+
+def btx_domain_splits(examples: list[dict], domains: Sequence[str] = BTX_DOMAINS) -> dict[str, list[dict]]:
+    """The per-domain training splits of the branch stage; unknown domain or an empty split -> ``ValueError``."""
+    domains = list(domains)
+    if len(domains) < 2 or len(set(domains)) != len(domains):
+        raise ValueError(f"BTX needs >= 2 distinct domains, got {domains!r}")
+    present = sorted({str(e.get("domain")) for e in examples})
+    out = {}
+    for d in domains:
+        out[d] = [e for e in examples if e.get("domain") == d]
+        if d not in BTX_DOMAINS and not out[d]:
+            raise ValueError(f"unknown BTX domain {d!r}: expected one of {list(BTX_DOMAINS)} (examples have {present})")
+        if not out[d]:
+            raise ValueError(f"BTX domain {d!r} has an empty training split (examples have domains {present})")
+    return out
+
+
+
+PAPER_SOURCES = {"slimorca": "reasoning", "magicoder": "code", "metamathqa": "maths"}
+
+
+def _read_records(path: Path) -> list[dict]:
+    text = path.read_text()
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    data = json.loads(text)
+    if not isinstance(data, list):
+        raise ValueError(f"{path} must hold a JSON list of records (or be .jsonl)")
+    return data
+
+
+def _paper_record(source: str, r: dict, i: int) -> dict:
+    """Map one record of a paper data set to the suite's format (instruction, answer, domain, source, task)."""
+    if source == "slimorca":  # {"conversations": [{"from": "system"|"human"|"gpt", "value": ...}, ...]}
+        conv = r.get("conversations")
+        if not isinstance(conv, list):
+            raise ValueError(f"SlimOrca record {i} has no 'conversations' list")
+        sys = " ".join(t["value"] for t in conv if t.get("from") == "system")
+        human = [t["value"] for t in conv if t.get("from") == "human"]
+        gpt = [t["value"] for t in conv if t.get("from") == "gpt"]
+        if not human or not gpt:
+            raise ValueError(f"SlimOrca record {i} lacks a human or gpt turn")
+        instr, ans = ((sys + "\n\n") if sys else "") + human[0], gpt[0]
+    elif source == "magicoder":  # Evol-Instruct: instruction/response; OSS-Instruct: problem/solution
+        instr = r.get("instruction", r.get("problem"))
+        ans = r.get("response", r.get("solution"))
+    elif source == "metamathqa":  # {"query", "response", "type", "original_question"}
+        instr, ans = r.get("query"), r.get("response")
+    else:
+        raise ValueError(f"unknown paper source {source!r}")
+    if not isinstance(instr, str) or not isinstance(ans, str) or not instr.strip():
+        raise ValueError(f"{source} record {i} has no instruction/answer text")
+    return {"id": f"{source}-{i}", "instruction": instr, "answer": ans, "domain": PAPER_SOURCES[source],
+            "source": source, "task": r.get("type", source) if source == "metamathqa" else source}
+
+
+def load_paper_mix(paths: dict, n_per_source: int | None = None, val_frac: float = 0.02, seed: int = 0) -> dict:
+    """The paper's ~1M-example mix (§4.1) from local JSON/JSONL files: ``paths`` maps ``slimorca``, ``magicoder``,
+    ``metamathqa`` to files. Missing files -> ``moelab.assets.MissingAsset`` naming the file. Returns
+    ``{"train", "validation"}`` in the suite's record format (evaluation uses the suite's tasks)."""
+    unknown = set(paths) - set(PAPER_SOURCES)
+    if unknown:
+        raise ValueError(f"unknown paper data source(s) {sorted(unknown)}; expected {sorted(PAPER_SOURCES)}")
+    recs = []
+    for src in PAPER_SOURCES:
+        p = paths.get(src)
+        if p is None or not Path(p).is_file():
+            raise MissingAsset(src, f"no local file at {p!r}",
+                               paper_input_hint("01", "DATA_PATHS", f"a local JSON/JSONL copy of {src}; pass a dict, e.g. "
+                                            f"DATA_PATHS=\"{{'{src}': '/data/{src}.jsonl'}}\""))
+        rs = _read_records(Path(p))
+        rng = np.random.default_rng(seed)
+        if n_per_source is not None and len(rs) > n_per_source:
+            rs = [rs[i] for i in np.sort(rng.choice(len(rs), n_per_source, replace=False))]
+        recs += [_paper_record(src, r, i) for i, r in enumerate(rs)]
+    perm = np.random.default_rng(seed).permutation(len(recs))
+    recs = [recs[i] for i in perm]
+    n_val = max(1, int(round(val_frac * len(recs))))
+    return {"train": recs[n_val:], "validation": recs[:n_val]}
+
+
+def load_paper_model(path):
+    """The paper profile's backbone (Llama-2-7b-chat, App. A) from a local folder -> ``(model, tokenizer)``;
+    missing -> ``MissingAsset``."""
+    if path is None or not Path(path).is_dir():
+        raise MissingAsset("llama-2-7b-chat", f"no local model folder at {path!r}",
+                           paper_input_hint("01", "MODEL_PATH", "a local folder of meta-llama/Llama-2-7b-chat-hf"))
+    return load_causal_lm(path)
+
+
+def paper_encoder_path(path):
+    """The paper profile's clustering encoder (e5-large-v2, App. A) as a local sentence-transformers folder."""
+    if path is None or not Path(path).is_dir():
+        raise MissingAsset("e5-large-v2", f"no local encoder folder at {path!r}",
+                           paper_input_hint("01", "ENCODER_PATH", "a local folder of intfloat/e5-large-v2"))
+    return str(path)

@@ -1,0 +1,455 @@
+"""MoCE's runs: training the variants on the cached trunk, evaluating them with per-sequence cluster ids, the
+configuration as a script (Eo et al. §4.1, Tables 1, 3, 4, Fig. 4; notebook ``notebooks/01_moce.py``).
+
+Each notebook cell is one call here: :func:`plan_runs` / :func:`train_runs` (``moelab.train.train`` on cached hidden
+states, results memoised with ``moelab.cache.memo``), :func:`evaluate_runs` (held-out answer likelihood and lm-eval
+tasks through the one scorer, ``moelab.suite.scorer``, batched with per-row cluster ids), and
+:func:`run_from_config` (``python -m moelab.launch moelab.moce:run_from_config --config cfg.json``).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from torch.utils.data import DataLoader
+
+from moelab import assets, cache, progress
+from moelab import train as mtrain
+from moelab.moce.clustering import (ClusterModel, context_instruction, elbow_curve, embed_texts, find_knee,
+                                    fit_clusters, instruction_texts)
+from moelab.moce.data import (btx_domain_splits, build_cache, collate, prompt_text, subsample, with_groups)
+from moelab.moce.method import (BTX_DOMAINS, MoCESpec, aux_loss, btx_branch_spec, btx_merge_states, group_context,
+                                install, moce_layers, set_group_ids, top_layer_ids, trainable_state, uninstall,
+                                variant_spec, count_parameters)
+from moelab.moce.report import criterion_table
+from moelab.moce.trunk import TopStack, trunk_memo
+from moelab.suite import instruct, lmeval, scorecard, scorer
+
+__all__ = ["make_loss_fn", "per_item_nll", "validation_trend", "validation_flattened", "VariantResult",
+           "train_variant", "load_variant", "train_btx", "plan_runs", "run_identity", "train_runs", "RequestHook",
+           "make_request_hook", "lm_tasks_for", "evaluate_runs", "RUN_DEFAULTS", "run_from_config"]
+
+
+def make_loss_fn(spec: MoCESpec):
+    """``loss_fn(model, batch)`` for ``moelab.train.train``: answer-token CE + balancing coef · Σ_layers aux (§4.1)."""
+
+    def loss_fn(stack, batch):
+        raw = stack.module if hasattr(stack, "module") else stack
+        with group_context(raw.model, batch["group_ids"], batch["mask"]):
+            nll = stack(batch["h"], batch["labels"])
+            aux = aux_loss(raw.model)
+        n = (batch["labels"][:, 1:] != -100).sum().clamp_min(1)
+        ce = nll.sum() / n
+        loss = ce + spec.balance_coef * aux
+        # task_loss: the answer-token CE alone, whose router gradient the trainer logs (issue 15, item 1)
+        return loss, {"ce": float(ce.detach()), "aux": float(aux.detach()) if torch.is_tensor(aux) else float(aux),
+                      "task_loss": ce}
+
+    return loss_fn
+
+
+def per_item_nll(stack: TopStack, examples: list[dict], batch_size: int = 16) -> np.ndarray:
+    """Mean answer-token NLL (nats/token) per example, cluster id set per sequence   [n].
+
+    Scored by ``moelab.suite.scorer`` (issue 17) on the cached trunk states: the answer is the labelled tail of each
+    example (position t predicts ``labels[t + 1]``), batches by length, the LM head only on answer positions."""
+    reqs = []
+    for i, e in enumerate(examples):
+        lab = e["labels"]
+        keep = (lab != -100).nonzero().view(-1)
+        if len(keep) == 0 or int(keep[0]) == 0 or len(keep) != len(lab) - int(keep[0]):
+            raise ValueError(f"example {i}: labels must be -100 on a non-empty prompt followed by the answer tokens")
+        reqs.append((e["h"], lab[int(keep[0]):].tolist()))
+    groups = [int(e.get("group", 0)) for e in examples]
+    res = scorer.loglikelihood_embeddings(
+        stack, reqs, batch_size=batch_size,
+        batch_context=lambda rows, mask: group_context(stack.model, [groups[r] for r in rows], mask))
+    return np.array([-lp / len(t) for (lp, _), (_, t) in zip(res, reqs)])
+
+
+def validation_trend(losses, window_frac: float = 0.2, tol: float = 0.02) -> tuple[str, float]:
+    """Where a validation-loss curve stands, by the suite's criterion (``moelab.train.flattened``: relative fall of the
+    smoothed loss over the last ``window_frac`` of the evaluations) with a rising loss told apart:
+
+    - ``"falling"``: relative fall >= ``tol`` (still improving; train longer);
+    - ``"flattened"``: 0 <= relative fall < ``tol`` (converged by the project's criterion);
+    - ``"rising"``: relative fall < 0 (the loss went *up*: over-fitting or instability, never "flattened");
+    - ``"too short"``: fewer than 4 evaluations (NaN fall).
+    Returns ``(trend, relative_fall)``.
+    """
+    x = np.asarray(losses, dtype=float).ravel()
+    if len(x) < 4:
+        return "too short", float("nan")
+    _, fall = mtrain.flattened(x, window_frac=window_frac, tol=tol)
+    if fall < 0:
+        return "rising", fall
+    return ("flattened" if fall < tol else "falling"), fall
+
+
+def validation_flattened(losses, window_frac: float = 0.2, tol: float = 0.02) -> tuple[bool, float]:
+    """``moelab.train.flattened`` for a validation loss, except that a rising loss is never "flattened" (issue 20,
+    item 2): ``(trend == "flattened", relative_fall)`` of :func:`validation_trend`."""
+    trend, fall = validation_trend(losses, window_frac, tol)
+    return trend == "flattened", fall
+
+
+@dataclass
+class VariantResult:
+    """A trained variant: ``state`` (trainable tensors), ``history`` (per step), ``eval_history`` (val loss),
+    ``flat`` / ``rel_fall`` / ``trend`` (:func:`validation_trend` of the validation loss), ``params``, ``wall_s``."""
+
+    spec: MoCESpec
+    seed: int
+    state: dict
+    history: object
+    eval_history: object
+    flat: bool
+    rel_fall: float
+    params: dict
+    wall_s: float
+    steps: int
+    branches: dict | None = None  # BTX: per-domain branch runs (steps, wall_s, params, val_loss_last)
+    trend: str = ""               # "falling" | "flattened" | "rising" | "too short" (validation_trend)
+
+
+def train_variant(model, spec: MoCESpec, train_ex: list[dict], val_ex: list[dict], *, layers: Sequence[int],
+                  steps: int, batch_size: int = 8, lr: float = 2e-4, seed: int = 0, eval_every: int = 10,
+                  max_rounds: int = 1, warmup_frac: float = 0.05, init_state: dict | None = None,
+                  train_experts: bool = True, device: str = "cpu") -> VariantResult:
+    """Install ``spec`` in ``layers``, train only the adapters/routers with ``moelab.train.train`` (AdamW, lr 2e-4 as
+    App. A) on cached hidden states, evaluating the validation loss every ``eval_every`` steps.
+
+    While the validation loss is still falling (:func:`validation_trend`: >= 2 % fall over the last 20 % of the
+    evaluations) another round of ``steps`` continues from the trained weights (fresh optimiser), up to
+    ``max_rounds``; a flattened or rising loss stops it (a rising loss is never reported as flattened).
+    ``init_state`` (a :func:`trainable_state`-style dict) overwrites the fresh layers' weights before training
+    (BTX's merged experts); ``train_experts=False`` freezes the adapters so only the routers train; ``device``: the
+    trainer's device (``moelab.train.TrainConfig``).
+    Returns a :class:`VariantResult` (the model keeps the trained layers installed).
+    """
+    if not train_ex or not val_ex:
+        raise ValueError(f"train_variant needs training and validation examples, got {len(train_ex)} and {len(val_ex)}")
+    if spec.num_groups > 1:
+        used = {e["group"] for e in train_ex}
+        missing = sorted(set(range(spec.num_groups)) - used)
+        if missing:
+            raise ValueError(f"expert group(s) {missing} have no training sequence (empty cluster); "
+                             f"choose fewer clusters than {spec.num_groups}")
+    install(model, spec, layers, seed=seed)
+    if init_state is not None:
+        _load_state(model, init_state, spec.name)
+    if not train_experts:
+        for m in moce_layers(model):
+            for p in m.experts.parameters():
+                p.requires_grad_(False)
+    stack = TopStack(model, min(layers))
+    params = count_parameters(model)
+    loss_fn = make_loss_fn(spec)
+
+    def eval_fn(st):
+        return {"val_loss": float(per_item_nll(st, val_ex).mean())}
+
+    hist, ev, wall, done = [], [], 0.0, 0
+    for rnd in range(max_rounds):
+        g = torch.Generator().manual_seed(seed * 1000 + rnd)
+        loader = DataLoader(train_ex, batch_size=batch_size, shuffle=True, collate_fn=collate, generator=g,
+                            drop_last=len(train_ex) > batch_size)
+        cfg = mtrain.TrainConfig(lr=lr, steps=steps, seed=seed + rnd, eval_every=eval_every, log_every=max(1, steps // 5),
+                                 warmup_frac=warmup_frac if rnd == 0 else 0.0, device=device,
+                                 desc=f"{spec.name}-s{seed}", max_grad_norm=1.0)
+        res = mtrain.train(stack, loader, loss_fn=loss_fn, cfg=cfg, eval_fn=eval_fn)
+        h, e = res.history.copy(), res.eval_history.copy()
+        h["step"] += done
+        e["step"] += done
+        hist.append(h)
+        ev.append(e)
+        wall += res.wall_s
+        done += steps
+        evh = pd.concat(ev, ignore_index=True)
+        trend, fall = validation_trend(evh["val_loss"].to_numpy())
+        if trend in ("flattened", "rising"):
+            break
+    model.eval()
+    return VariantResult(spec=spec, seed=seed, state=trainable_state(model), history=pd.concat(hist, ignore_index=True),
+                         eval_history=evh, flat=trend == "flattened", rel_fall=fall, params=params, wall_s=wall,
+                         steps=done, trend=trend)
+
+
+def load_variant(model, result: VariantResult, layers: Sequence[int]) -> None:
+    """Install a trained variant's layers and weights into ``model`` (e.g. from a cached :class:`VariantResult`)."""
+    install(model, result.spec, layers, seed=result.seed)
+    _load_state(model, result.state, result.spec.name)
+    model.eval()
+
+
+def _load_state(model, state: dict, name: str) -> None:
+    own = dict(model.named_parameters())
+    bad = [k for k, v in state.items() if k not in own or own[k].shape != v.shape]
+    if bad:
+        raise ValueError(f"state of variant {name!r} does not fit the model: {bad[:3]}")
+    model.load_state_dict(state, strict=False)
+
+
+def train_btx(model, spec: MoCESpec, train_ex: list[dict], val_ex: list[dict], *, layers: Sequence[int], steps: int,
+              batch_size: int = 8, lr: float = 2e-4, seed: int = 0, eval_every: int = 10, max_rounds: int = 1,
+              domains: Sequence[str] = BTX_DOMAINS, train_experts: bool = True, device: str = "cpu") -> VariantResult:
+    """BTX (A), the baseline of MoCE Table 1 (§4.1; Branch-Train-miX, Sukhbaatar et al. 2024, §2 with adapters).
+
+    1. *Branch-train*: for each domain d, a dense adapter of width ``spec.rank`` (:func:`btx_branch_spec`) is trained
+       on that domain's sequences only, ``steps`` steps each (the Specialized-* runs' budget).
+    2. *MiX*: the |D| adapters become the experts of one adapter-MoE layer per adapted block (:func:`btx_merge_states`),
+       y = E(x) + Σ_{d∈TopK(R(x), k)} w_d Δ_d(E(x)) with a new token router R [|D|, d_model] (PESC softmax over the
+       top-k, Switch balancing loss ``spec.balance_coef``); router and experts (``train_experts``) are then trained on
+       the whole mix for ``steps`` steps, as every other variant.
+    Returns the mix stage's :class:`VariantResult` (``params``: trainable in the mix stage) with ``branches`` holding
+    each branch's steps, wall time, trainable parameters and last validation loss; ``wall_s`` includes the branches.
+    """
+    if spec.num_groups != 1 or spec.experts_per_group != len(domains):
+        raise ValueError(f"BTX spec must have one group of {len(domains)} experts (one per domain {list(domains)}), "
+                         f"got M={spec.num_groups}, N={spec.experts_per_group}")
+    splits = btx_domain_splits(train_ex, domains)
+    kw = dict(layers=layers, steps=steps, batch_size=batch_size, lr=lr, seed=seed, eval_every=eval_every,
+              max_rounds=max_rounds, device=device)
+    branch, states, info = btx_branch_spec(spec), [], {}
+    for d in domains:
+        r = train_variant(model, branch, splits[d], val_ex, **kw)
+        states.append(r.state)
+        info[d] = {"steps": r.steps, "wall_s": r.wall_s, "n_train": len(splits[d]), **r.params,
+                   "val_loss_last": float(r.eval_history.val_loss.iloc[-1])}
+        uninstall(model)
+    res = train_variant(model, spec, train_ex, val_ex, init_state=btx_merge_states(states),
+                        train_experts=train_experts, **kw)
+    res.branches = info
+    res.wall_s += sum(v["wall_s"] for v in info.values())
+    return res
+
+
+def plan_runs(cfg: dict, k: int) -> list[dict]:
+    """The list of training runs of a profile: dict(label, variant, M, N, top_k, domain, k_clusters, seed).
+
+    ``cfg["variants"]``: names from :func:`variant_spec` (M = ``k`` clusters, N = ``cfg["experts_per_group"]``);
+    ``cfg["extra"]`` (full profile): dicts overriding fields (experts per group, domain-specialised) or giving
+    ``k_offset`` (cluster count k + offset; ``label`` may contain ``{k}``).
+    """
+    runs = []
+    for seed in cfg["seeds"]:
+        for v in cfg["variants"]:
+            runs.append(dict(label=v, variant=v, M=k, N=cfg["experts_per_group"], top_k=2, domain=None,
+                             k_clusters=k, seed=seed))
+        for ex in cfg.get("extra", []):
+            ex = dict(ex)
+            kc = max(1, k + int(ex.pop("k_offset", 0)))  # cluster counts around the elbow (Fig. 4); k=1: one group
+            r = dict(variant="moce", M=kc, N=cfg["experts_per_group"], top_k=2, domain=None, k_clusters=kc, seed=seed)
+            r.update(ex)
+            r["label"] = r["label"].format(k=kc)
+            runs.append(r)
+    return runs
+
+
+def run_identity(spec: MoCESpec, run: dict) -> str:
+    """What a run trains, without its label: the spec (the balancing coefficient zeroed where the layer has no router,
+    since it then multiplies a zero loss), clusters, domain and seed. Two runs with equal identities (e.g. ``seq_only``
+    and Table 3's ``moce_N1``: both M groups of one rank-r expert) train the same model, so :func:`train_runs`
+    trains it once."""
+    s = asdict(spec)
+    s.pop("name")
+    if spec.experts_per_group == 1 and not spec.num_general:
+        s["balance_coef"] = 0.0
+    return json.dumps({"spec": s, "k": run["k_clusters"], "domain": run.get("domain"), "seed": run["seed"],
+                       "btx": run["variant"] == "btx"}, sort_keys=True)
+
+
+def train_runs(model, runs: list[dict], train_ex: list[dict], val_ex: list[dict], groups_by_k: dict, *,
+               layers: Sequence[int], cfg: dict, cache_config: dict) -> list[VariantResult]:
+    """Train (or load from ``moelab.cache.memo``) every planned run; returns their :class:`VariantResult`.
+
+    Runs with the same :func:`run_identity` are trained once; the later ones get a copy under their own label."""
+    out, seen = [], {}
+    for r in progress.bar(runs, desc="01 training runs", unit="run"):
+        spec = variant_spec(r["variant"], r["M"], r["N"], rank=cfg["rank"], top_k=r["top_k"])
+        spec = MoCESpec(**{**asdict(spec), "name": r["label"]})
+        ident = run_identity(spec, r)
+        if ident in seen:
+            out.append(dataclasses.replace(seen[ident], spec=spec))
+            continue
+        g_tr, g_va = groups_by_k[r["k_clusters"]]
+        tr, va = with_groups(train_ex, g_tr), with_groups(val_ex, g_va)
+        if r.get("domain"):
+            tr = [e for e in tr if e["domain"] == r["domain"]]
+        key = {**cache_config, "run": {k: v for k, v in r.items()}, "spec": asdict(spec), "layers": list(layers),
+               "steps": cfg["steps"], "batch": cfg["batch"], "lr": cfg["lr"], "eval_every": cfg["eval_every"],
+               "max_rounds": cfg["max_rounds"], "n_train": len(tr), "n_val": len(va),
+               "groups": hashlib.sha1(np.asarray(g_tr).tobytes() + np.asarray(g_va).tobytes()).hexdigest()}
+
+        def compute(spec=spec, tr=tr, va=va, r=r):
+            fit = train_btx if r["variant"] == "btx" else train_variant  # BTX: branch stage, then the same mix run
+            res = fit(model, spec, tr, va, layers=layers, steps=cfg["steps"], batch_size=cfg["batch"],
+                      lr=cfg["lr"], seed=r["seed"], eval_every=cfg["eval_every"], max_rounds=cfg["max_rounds"],
+                      device=cfg.get("device", "cpu"))
+            uninstall(model)
+            return res
+
+        seen[ident] = cache.memo("moce-variant", key, compute)
+        out.append(seen[ident])
+    uninstall(model)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Evaluation: the sequence's cluster set per batch row, the frozen trunk memoised across variants
+# ---------------------------------------------------------------------------------------------------------------------
+class RequestHook:
+    """lm-eval request hook for ``suite.lmeval.evaluate(request_hook=...)``: stage 1 of MoCE's routing (§3.3) for an
+    evaluation prompt, i.e. its cluster ``cluster_of(instruction)`` (memoised per context in ``seen``) set on the
+    model's MoCE layers.
+
+    - ``hook.for_batch(contexts)``: a context manager setting one cluster id per batch row for the enclosed forward
+      pass (``group_context``); ``lmeval.FastHFLM`` enters it around every batched forward, so requests stay batched.
+    - ``hook(context)``: the one-request form (sets the id until changed), for callers that score one at a time.
+    """
+
+    def __init__(self, model, cluster_of: Callable[[str], int]):
+        if not callable(cluster_of):
+            raise ValueError(f"cluster_of must be callable (instruction -> cluster id), got {cluster_of!r}")
+        self.model, self.cluster_of = model, cluster_of
+        self.seen: dict[str, int] = {}
+
+    def cluster(self, context: str) -> int:
+        if context not in self.seen:
+            self.seen[context] = int(self.cluster_of(context_instruction(context)))
+        return self.seen[context]
+
+    def __call__(self, context: str) -> None:
+        set_group_ids(self.model, [self.cluster(context)])
+
+    def for_batch(self, contexts: Sequence[str]):
+        return group_context(self.model, [self.cluster(c) for c in contexts])
+
+
+def make_request_hook(model, cluster_of: Callable[[str], int]) -> RequestHook:
+    """The :class:`RequestHook` of ``model`` (``cluster_of(instruction) -> int``, e.g. :func:`cluster_predictor`)."""
+    return RequestHook(model, cluster_of)
+
+
+LM_TASKS_FALLBACK = ("moelab_math_mc", "moelab_bb_hyperbaton", "moelab_bb_navigate")
+
+
+def lm_tasks_for(model_name: str, n: int | None, fallback: Sequence[str] = LM_TASKS_FALLBACK) -> tuple[list[str], str]:
+    """The suite's lm-eval tasks on which ``model_name`` is above chance (``suite.scorecard.usable_tasks``), without
+    the answer-likelihood tasks (scored separately) and the generation tasks (GSM, HumanEval), the first ``n``;
+    ``fallback`` when the committed scorecard is absent (never built here: hours of CPU) or lacks the model.
+    Returns ``(tasks, note)``, the note saying which source was used."""
+    try:
+        if not scorecard.CSV.exists():
+            raise FileNotFoundError(scorecard.CSV)
+        usable = [t for t in scorecard.usable_tasks(model_name) if not t.startswith("moelab_nll")]
+        note = f"suite.scorecard.usable_tasks({model_name!r})"
+    except (ValueError, FileNotFoundError) as e:
+        usable, note = list(fallback), f"fixed list (scorecard unavailable for {model_name}: {type(e).__name__})"
+    return [t for t in usable if t not in ("moelab_gsm", "moelab_humaneval")][:n], note
+
+
+def evaluate_runs(model, tok, results: list[VariantResult | None], test_items: list[dict], test_groups: dict,
+                  lm_tasks: Sequence[str], lm_limit: int | None, cluster_of: dict, layers: Sequence[int],
+                  labels: Sequence[str] | None = None, batch_size: int = 8):
+    """Per-item scores of the vanilla model (``None`` in ``results``) and every trained run.
+
+    - per-domain likelihood: ``suite.lmeval.domain_nll`` (bits per byte of the reference answer) on ``test_items``,
+      batched, each batch row with its item's cluster id (``test_groups[k]``: cluster per test item with k clusters);
+    - ``suite.lmeval.evaluate`` on ``lm_tasks`` with the :class:`RequestHook` setting each row's cluster
+      (``cluster_of[k]``: instruction -> cluster id with k clusters), batched the same way.
+    The frozen lower blocks are memoised across models (:func:`trunk_memo`). Returns a tidy DataFrame
+    (variant, seed, task, item_id, metric, score).
+    """
+    rows = []
+    start = min(layers)
+    memo = None
+    labels = list(labels) if labels is not None else [None] * len(results)
+    pairs = [(prompt_text(tok, it["instruction"]), it["answer"]) for it in test_items]
+    for res, lab in progress.bar(list(zip(results, labels)), desc="01 evaluated models", unit="model"):
+        uninstall(model)
+        if res is not None:
+            load_variant(model, res, layers)
+        name = lab or (res.spec.name if res is not None else "vanilla")
+        seed = res.seed if res is not None else -1
+        k = res.spec.num_groups if res is not None else 1
+        g = np.asarray(test_groups.get(k, np.zeros(len(test_items), int)))
+        ctx = trunk_memo(model, start, memo) if start > 0 else contextlib.nullcontext(None)
+        with ctx as memo:
+            df = lmeval.domain_nll(model, tok, pairs, batch_size=batch_size,
+                                   batch_context=lambda rows_, mask, g=g: group_context(model, g[list(rows_)]))
+            for i, it in enumerate(test_items):
+                rows.append({"variant": name, "seed": seed, "task": f"nll_{it['domain']}",
+                             "item_id": it.get("id", str(i)), "metric": "bpb", "score": float(df.bpb.iloc[i])})
+            if lm_tasks:
+                hook = make_request_hook(model, cluster_of[k]) if k > 1 else None
+                df = lmeval.evaluate(model, tok, list(lm_tasks), limit=lm_limit, request_hook=hook,
+                                     batch_size=batch_size)
+                df.insert(0, "seed", seed)
+                df.insert(0, "variant", name)
+                rows += df.to_dict("records")
+    uninstall(model)
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The configuration as a script (moelab.launch)
+# ---------------------------------------------------------------------------------------------------------------------
+RUN_DEFAULTS = dict(profile="smoke", model="smollm2", encoder="e5", k=None, ks=list(range(1, 7)), n_cluster=60,
+                    n_train=48, n_val=12, n_top=2, max_len=96, rank=64, experts_per_group=2, steps=4, batch=4,
+                    lr=2e-4, eval_every=1, max_rounds=1, seeds=[0], variants=["pesc", "moce"], extra=[],
+                    device="cpu")
+
+
+def run_from_config(config: dict) -> pd.DataFrame:
+    """Notebook 01's training as a script: ``python -m moelab.launch moelab.moce:run_from_config --config cfg.json``.
+
+    Keys (defaults :data:`RUN_DEFAULTS`, a smoke-sized run): ``profile`` (the balanced instruction mix,
+    ``suite.instruct.build_balanced``), ``model`` ("smollm2", "gemma3" or a local Hugging Face folder), ``encoder``
+    ("e5", "minilm" or a local sentence-transformers folder), ``k`` (clusters; null = the elbow of ``ks``),
+    ``n_cluster`` / ``n_train`` / ``n_val`` (balanced per domain), ``n_top`` (adapted top blocks or "all"),
+    ``max_len``, ``rank``, ``experts_per_group``, ``steps``, ``batch``, ``lr``, ``eval_every``, ``max_rounds``,
+    ``seeds``, ``variants`` and ``extra`` (as :func:`plan_runs`), ``device``. Trains every run (memoised like the
+    notebook's) and returns the criterion table (steps, validation trend, parameter counts) with the clusters' k.
+    """
+    if not isinstance(config, dict):
+        raise ValueError(f"config must be a dict, got {type(config).__name__}")
+    unknown = sorted(set(config) - set(RUN_DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown run_from_config key(s) {unknown}; known: {sorted(RUN_DEFAULTS)}")
+    cfg = {**RUN_DEFAULTS, **config}
+    seed = int(cfg["seeds"][0])
+    data = instruct.build_balanced(cfg["profile"])
+    items = subsample(data["train"], cfg["n_cluster"], seed=seed, by="domain")
+    train_items = items[: cfg["n_train"]]
+    val_items = subsample(data["validation"], cfg["n_val"], seed=seed, by="domain")
+    emb = embed_texts(instruction_texts(items), cfg["encoder"])
+    k = cfg["k"]
+    if k is None:
+        curve = elbow_curve(emb, cfg["ks"], seed=seed)
+        k = find_knee(curve.k, curve.sse)["k"]
+    runs = plan_runs(cfg, int(k))
+    cms: dict[int, ClusterModel] = {kc: fit_clusters(emb, kc, seed=seed, encoder=cfg["encoder"])
+                                    for kc in sorted({r["k_clusters"] for r in runs} | {int(k)})}
+    if cfg["model"] == "smollm2":
+        model, tok = assets.load_smollm2()
+    elif cfg["model"] == "gemma3":
+        model, tok = assets.load_gemma3()
+    else:
+        model, tok = assets.load_causal_lm(cfg["model"])
+    layers = top_layer_ids(model, cfg["n_top"])
+    ccfg = {"model": str(cfg["model"]), "profile": cfg["profile"]}
+    train_ex = build_cache(model, tok, train_items, np.zeros(len(train_items), int), min(layers), cfg["max_len"], ccfg)
+    val_ex = build_cache(model, tok, val_items, np.zeros(len(val_items), int), min(layers), cfg["max_len"], ccfg)
+    emb_va = embed_texts(instruction_texts(val_items), cfg["encoder"])
+    groups_by_k = {1: (np.zeros(len(train_ex), int), np.zeros(len(val_ex), int))}
+    groups_by_k.update({kc: (c.predict(emb[: len(train_items)]), c.predict(emb_va)) for kc, c in cms.items()})
+    results = train_runs(model, runs, train_ex, val_ex, groups_by_k, layers=layers, cfg=cfg, cache_config=ccfg)
+    return criterion_table(results, len(layers), model.config.hidden_size).assign(clusters_k=int(k))

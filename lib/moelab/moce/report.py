@@ -1,0 +1,195 @@
+"""MoCE's tables and figures, from the experiment's saved results (Eo et al. Table 1, Table 3, Table 4, Fig. 2,
+Fig. 4, Fig. 5, App. B; notebook ``notebooks/01_moce.py``). The claims are computed from these tables by
+``moelab.claims.defs.nb01_moce``.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from moelab.core import diagnostics
+from moelab.moce.method import active_adapter_params
+from moelab.stats import bootstrap_ci
+
+__all__ = ["plot_elbow", "plot_projection", "plot_cluster_distribution", "curves_table", "criterion_table",
+           "plot_curves", "plot_table1", "k_sweep_labels", "k_sweep_table", "plot_k_sweep", "paired_scores",
+           "summarize_scores"]
+
+
+def plot_elbow(curves, knees: dict):
+    """App. B figure: SSE vs k per encoder with the detected knee marked. ``curves``: DataFrame(encoder, k, sse)."""
+    encs = list(dict.fromkeys(curves["encoder"]))
+    fig, axes = plt.subplots(1, len(encs), figsize=(4.2 * len(encs), 3.4), squeeze=False)
+    for ax, enc in zip(axes[0], encs):
+        c = curves[curves.encoder == enc]
+        ax.plot(c.k, c.sse, "o-", color="C0")
+        kn = knees[enc]["k"]
+        ax.axvline(kn, color="C3", ls="--", label=f"knee k={kn}")
+        ax.set(title=f"{enc}", xlabel="number of clusters k", ylabel="within-cluster SSE")
+        ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def plot_projection(points, method_label: str = "t-SNE"):
+    """Fig. 2: 2-D projection coloured by cluster (left) and by source domain (right), one row per encoder.
+
+    ``points``: DataFrame(encoder, x, y, cluster, domain).
+    """
+    encs = list(dict.fromkeys(points["encoder"]))
+    fig, axes = plt.subplots(len(encs), 2, figsize=(9, 4 * len(encs)), squeeze=False)
+    for row, enc in zip(axes, encs):
+        p = points[points.encoder == enc]
+        for ax, col in zip(row, ("cluster", "domain")):
+            for j, (val, g) in enumerate(p.groupby(col, sort=True)):
+                ax.scatter(g.x, g.y, s=6, alpha=0.7, color=f"C{j % 10}", label=str(val))
+            ax.set(title=f"{enc}: {method_label} coloured by {col}", xticks=[], yticks=[])
+            ax.legend(markerscale=2, fontsize=7, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def plot_cluster_distribution(dist):
+    """Fig. 5: stacked bars of cluster shares per evaluation task."""
+    piv = dist.pivot(index="task", columns="cluster", values="share")
+    fig, ax = plt.subplots(figsize=(1.2 * len(piv) + 2.5, 3.4))
+    bottom = np.zeros(len(piv))
+    for j in piv.columns:
+        ax.bar(piv.index, piv[j].values, bottom=bottom, label=f"cluster {j}", color=f"C{j % 10}")
+        bottom += piv[j].values
+    ax.set(ylabel="share of prompts", ylim=(0, 1))
+    ax.tick_params(axis="x", rotation=30)
+    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def curves_table(results: Sequence):
+    """Tidy training/validation curves: variant, seed, step, kind (train_ce | val_loss), value."""
+    rows = []
+    for r in results:
+        for _, row in r.history.iterrows():
+            rows.append({"variant": r.spec.name, "seed": r.seed, "step": int(row["step"]), "kind": "train_ce",
+                         "value": float(row.get("ce", row["loss"]))})
+        for _, row in r.eval_history.iterrows():
+            rows.append({"variant": r.spec.name, "seed": r.seed, "step": int(row["step"]), "kind": "val_loss",
+                         "value": float(row["val_loss"])})
+    return pd.DataFrame(rows)
+
+
+def criterion_table(results: Sequence, n_layers: int, d_model: int):
+    """Per variant and seed: steps, wall time, flattened criterion, parameter counts (BTX: ``branch_steps`` = the
+    branch stage's steps summed over domains; ``wall_s`` includes them)."""
+    return pd.DataFrame([{"variant": r.spec.name, "seed": r.seed, "steps": r.steps,
+                          "branch_steps": sum(b["steps"] for b in (getattr(r, "branches", None) or {}).values()),
+                          "wall_s": round(r.wall_s, 1),
+                          "val_loss_first": float(r.eval_history.val_loss.iloc[0]),
+                          "val_loss_last": float(r.eval_history.val_loss.iloc[-1]),
+                          "rel_fall_last20pct": r.rel_fall, "flattened": r.flat,
+                          "val_trend": getattr(r, "trend", "") or "",
+                          **diagnostics.router_grad_summary(r.history),
+                          "groups_M": r.spec.num_groups, "experts_per_group_N": r.spec.experts_per_group,
+                          "general_experts": r.spec.num_general, "top_k": r.spec.top_k, "adapter_rank": r.spec.rank,
+                          **r.params, "active_adapter_params": active_adapter_params(r.spec, d_model, n_layers)}
+                         for r in results])
+
+
+def plot_curves(curves):
+    """Validation loss (solid) and smoothed training CE (faint) per variant; one line per seed."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    for j, (v, g) in enumerate(curves.groupby("variant", sort=False)):
+        for s, gs in g.groupby("seed"):
+            tr = gs[gs.kind == "train_ce"]
+            va = gs[gs.kind == "val_loss"]
+            axes[0].plot(tr.step, tr.value.rolling(5, min_periods=1).mean(), color=f"C{j}", alpha=0.7,
+                         label=v if s == g.seed.min() else None)
+            axes[1].plot(va.step, va.value, "o-", ms=3, color=f"C{j}", label=v if s == g.seed.min() else None)
+    axes[0].set(title="training CE (5-step mean)", xlabel="step", ylabel="nats/token")
+    axes[1].set(title="validation loss", xlabel="step", ylabel="nats/token")
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_table1(summary, metric_label: str = "score"):
+    """Table 1 as a figure: mean with 95% CI per (task, variant). ``summary``: task, variant, mean, ci_low, ci_high."""
+    tasks = list(dict.fromkeys(summary.task))
+    variants = list(dict.fromkeys(summary.variant))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(3.2 * len(tasks) + 1, 3.6), squeeze=False)
+    for ax, t in zip(axes[0], tasks):
+        s = summary[summary.task == t].set_index("variant").reindex(variants)
+        x = np.arange(len(variants))
+        ax.errorbar(x, s["mean"], yerr=[s["mean"] - s["ci_low"], s["ci_high"] - s["mean"]], fmt="o", capsize=3)
+        ax.set_xticks(x, variants, rotation=45, ha="right")
+        ax.set_title(t, fontsize=9)
+    axes[0][0].set_ylabel(metric_label)
+    fig.tight_layout()
+    return fig
+
+
+def k_sweep_labels(runs: list[dict], N: int) -> dict[int, str]:
+    """Fig. 4's runs: ``{k clusters: run label}`` for the MoCE runs that differ only in k (N experts per group,
+    top-2): the main ``moce`` run at the elbow and the ``moce_k{k}`` extras (``k_offset``)."""
+    out = {}
+    for r in runs:
+        if r["variant"] == "moce" and r["N"] == N and r["top_k"] == 2 and not r.get("domain"):
+            out.setdefault(int(r["k_clusters"]), r["label"])
+    return dict(sorted(out.items()))
+
+
+def k_sweep_table(scores, k_labels: dict[int, str], elbow_k: int, seeds: Sequence[int] | None = None):
+    """Fig. 4 as a table: per cluster count k, mean answer bits per byte over the held-out items (seeds averaged per
+    item) with a 95% bootstrap CI; ``elbow`` marks the elbow k. Columns: k, label, elbow, n_items, mean, ci_low, ci_high."""
+    if elbow_k not in k_labels:
+        raise ValueError(f"elbow k={elbow_k} is not among the swept cluster counts {sorted(k_labels)}")
+    rows = []
+    for k, lab in sorted(k_labels.items()):
+        per_item = paired_scores(scores, lab, "nll_", "bpb", seeds).mean(0)   # [items]
+        est, lo, hi = bootstrap_ci(per_item, n_boot=1000, seed=0)
+        rows.append({"k": k, "label": lab, "elbow": k == elbow_k, "n_items": len(per_item), "mean": est,
+                     "ci_low": lo, "ci_high": hi})
+    return pd.DataFrame(rows)
+
+
+def plot_k_sweep(table):
+    """Fig. 4: held-out answer bits per byte vs the number of clusters (= expert groups), elbow k marked."""
+    fig, ax = plt.subplots(figsize=(4.6, 3.4))
+    ax.errorbar(table.k, table["mean"], yerr=[table["mean"] - table.ci_low, table.ci_high - table["mean"]], fmt="o-",
+                capsize=3, color="C0")
+    kn = int(table.k[table.elbow].iloc[0])
+    ax.axvline(kn, color="C3", ls="--", label=f"elbow k={kn}")
+    ax.set(xlabel="number of clusters k (= expert groups)", ylabel="answer bits per byte (lower is better)",
+           xticks=list(table.k))
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def paired_scores(scores, variant: str, task_prefix: str | None = None, metric: str | None = None,
+                  seeds: Sequence[int] | None = None) -> np.ndarray:
+    """Per-item scores of one variant as [seeds, items] (items aligned by task and item id), for ``claims.effect``."""
+    s = scores[scores.variant == variant]
+    if task_prefix is not None:
+        s = s[s.task.str.startswith(task_prefix)]
+    if metric is not None:
+        s = s[s.metric == metric]
+    if s.empty:
+        raise ValueError(f"no scores for variant {variant!r} (task prefix {task_prefix!r}, metric {metric!r})")
+    piv = s.pivot_table(index="seed", columns=["task", "item_id"], values="score", aggfunc="mean")
+    if seeds is not None:
+        piv = piv.reindex(list(seeds))
+    return piv.sort_index(axis=1).to_numpy()
+
+
+def summarize_scores(scores):
+    """Table 1 rows: mean and bootstrap 95% CI per (variant, task, metric), items (and seeds averaged) resampled."""
+    rows = []
+    for (v, t, m), g in scores.groupby(["variant", "task", "metric"], sort=False):
+        per_item = g.groupby("item_id").score.mean().to_numpy()
+        est, lo, hi = bootstrap_ci(per_item, n_boot=1000, seed=0)
+        rows.append({"variant": v, "task": t, "metric": m, "n_items": len(per_item),
+                     "n_seeds": g.seed.nunique(), "mean": est, "ci_low": lo, "ci_high": hi})
+    return pd.DataFrame(rows)
