@@ -182,6 +182,24 @@ def test_moeify_keeps_padding_out_of_the_balancing_loss(make):
         model(input_ids=IDS, attention_mask=mask[:, None, None, :])
 
 
+@pytest.mark.parametrize("make", [_llama, _bert])
+def test_direct_forward_call_also_masks_padding(make):
+    """sentence-transformers calls ``auto_model.forward(...)`` (no module hooks): the bound forward captures the mask
+    too, also on a deep copy; and the model still saves and loads its state dict unchanged."""
+    import copy
+    model = _moe_model(make)
+    mask = _padded()
+    with torch.no_grad():
+        model.forward(input_ids=IDS, attention_mask=mask)
+    _check_layers_against_transformers(model, mask)
+    twin = copy.deepcopy(model)
+    assert twin.forward.__self__ is twin
+    with torch.no_grad():
+        twin.forward(input_ids=IDS, attention_mask=mask)
+    _check_layers_against_transformers(twin, mask)
+    assert set(twin.state_dict()) == set(model.state_dict())
+
+
 def test_moeify_mask_with_kv_cache_uses_the_current_positions():
     from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
     model = _moe_model(_llama)

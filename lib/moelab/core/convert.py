@@ -14,6 +14,7 @@ hand the forward call's 2-D ``attention_mask`` to every MoE layer (``MoELayer.to
 from __future__ import annotations
 
 import inspect
+import types
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,7 +125,7 @@ def _call_argument(model: nn.Module, name: str, args: tuple, kwargs: dict):
     """The value of ``model.forward``'s argument ``name`` in this call (keyword or positional), or None."""
     if name in kwargs:
         return kwargs[name]
-    params = list(inspect.signature(model.forward).parameters)
+    params = list(inspect.signature(type(model).forward).parameters)[1:]     # the class's (not a bound wrapper's)
     if name in params and params.index(name) < len(args):
         return args[params.index(name)]
     return None
@@ -155,12 +156,25 @@ def _release_attention_mask(model: nn.Module, args: tuple, kwargs: dict, output)
         layer.token_mask = None
 
 
+def _forward_with_mask(self: nn.Module, *args, **kwargs):
+    """``model.forward`` called directly (sentence-transformers calls ``auto_model.forward(...)``, which skips module
+    hooks): the same capture and release as the hooks, around the class's forward."""
+    _capture_attention_mask(self, args, kwargs)
+    try:
+        return type(self).forward(self, *args, **kwargs)
+    finally:
+        _release_attention_mask(self, args, kwargs, None)
+
+
 def attach_mask_hooks(model: nn.Module) -> nn.Module:
-    """Hand ``model``'s ``attention_mask`` to its MoE layers during each forward pass (once per model; the hooks
-    look the layers up from the module they are called on, so they survive ``copy.deepcopy``)."""
+    """Hand ``model``'s ``attention_mask`` to its MoE layers during each forward pass, whether the model is called
+    (``model(...)``: forward hooks) or its ``forward`` is called directly (an instance-bound ``forward``, as
+    sentence-transformers does). Once per model; both look the layers up from the module they run on and the bound
+    method is rebound by ``copy.deepcopy``, so they survive copies."""
     if not getattr(model, "_moelab_mask_hooks", False):
         model.register_forward_pre_hook(_capture_attention_mask, with_kwargs=True)
         model.register_forward_hook(_release_attention_mask, with_kwargs=True, always_call=True)
+        model.forward = types.MethodType(_forward_with_mask, model)
         model._moelab_mask_hooks = True
     return model
 
