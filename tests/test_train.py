@@ -207,7 +207,9 @@ def test_flattened_criterion():
         flattened(falling, window_frac=0.0)
     with pytest.raises(ValueError, match="at least"):
         flattened([1.0])
-    assert flattened([2.0, 1.9, 1.89]) == (True, pytest.approx(0.01 / 1.9))  # 3 evaluations: last step vs the one before
+    assert flattened([2.0, 1.9, 1.89]) == (True, pytest.approx(0.01 / 1.9))
+    ok, fall = flattened(1.0 + np.arange(n) / 1000.0)                      # rising: never "flattened"
+    assert not ok and -0.02 < fall < 0  # 3 evaluations: last step vs the one before
 
 
 @pytest.mark.parametrize("kw,match", [

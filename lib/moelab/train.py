@@ -230,8 +230,9 @@ def flattened(losses, window_frac: float = 0.2, tol: float = 0.02) -> tuple[bool
 
     The loss is smoothed by a trailing mean over ``s = max(1, m // 2)`` steps, ``m = round(window_frac * n)``;
     ``relative_fall = (L̄_start - L̄_end) / |L̄_start|`` between the smoothed loss where the last ``m`` steps begin
-    and at the end. Flattened when ``relative_fall < tol`` (e.g. the smoothed loss fell by less than 2 % over the
-    last 20 % of the steps). Returns ``(flattened, relative_fall)``.
+    and at the end. Flattened when ``0 <= relative_fall < tol`` (e.g. the smoothed loss fell by less than 2 % over
+    the last 20 % of the steps); a loss that went up (``relative_fall < 0``: over-fitting or instability) is never
+    "flattened" (issue 20, item 2). Returns ``(flattened, relative_fall)``.
     """
     x = np.asarray(losses, dtype=float).ravel()
     if not (0 < window_frac < 1):
@@ -247,7 +248,7 @@ def flattened(losses, window_frac: float = 0.2, tol: float = 0.02) -> tuple[bool
     start = x[len(x) - m - s: len(x) - m].mean()
     end = x[len(x) - s:].mean()
     fall = float((start - end) / max(abs(start), 1e-12))
-    return bool(fall < tol), fall
+    return bool(0 <= fall < tol), fall
 
 
 class EMA:
