@@ -173,6 +173,23 @@ def test_04_elbow_is_not_testable_when_seeds_disagree_and_a_level_otherwise(tmp_
     assert isinstance(nb04.elbow_evidence(T2), NotTestable)
 
 
+def test_04_elbow_is_not_testable_on_a_flat_frontier(tmp_path):
+    rng = np.random.default_rng(0)
+    grid = pd.DataFrame([dict(num_experts=E, top_k=2, seed=s, test_loss=2.5 - 0.001 * E + 0.02 * rng.standard_normal())
+                         for E in range(1, 17) for s in range(3)])
+    runs = pd.DataFrame(dict(seed=range(5), final_experts=[8] * 5, mean_active=1.5, test_loss=2.0))
+    ev = nb04.elbow_evidence(_folder(tmp_path, {"fig2_naive_grid": grid, "fig2_mass_runs": runs}))
+    assert isinstance(ev, NotTestable) and "flat" in ev.reason
+
+
+def test_04_jsd_scores_the_gate_softmax_reading(tmp_path):
+    pts = pd.DataFrame([dict(chunk=c, entity_jsd=v + 0.01 * c, property_jsd=v, method=m, run=r, routing=kind)
+                        for kind, v in (("gate softmax", 0.1), ("post-top-p/top-k weights", 0.9))
+                        for m in ("MASS", "naive") for r in range(5) for c in range(4)])
+    ev = nb04.jsd_evidence("entity_jsd")(_folder(tmp_path, {"fig3_jsd_points": pts}))
+    assert isinstance(ev, Seeds) and np.allclose(ev.a, 0.115)
+
+
 def test_04_active_experts_is_arithmetic_with_pools_of_two(tmp_path):
     runs = pd.DataFrame(dict(seed=range(5), final_experts=[2, 2, 3, 2, 4], mean_active=[1, 1, 1.002, 1, 1.0],
                              test_loss=2.0))

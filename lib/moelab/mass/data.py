@@ -38,7 +38,8 @@ from moelab.profiles import paper_input_hint
 __all__ = ["GINCConfig", "GINC", "build_ginc", "sample_documents", "sample_prompts", "predictive_probs",
            "bayes_labels", "bayes_nll", "ENTITY_SWITCH", "top_switch_share", "GINC_EXAMPLE_LENS",
            "GINC_EXAMPLE_COUNTS", "GINC_PROMPTS_PER_SETTING", "GINC_MAX_PROMPT_TOKENS", "GINC_TRAIN_DOCS",
-           "GINC_DOC_LEN", "ginc_settings", "incontext_positions", "sample_incontext", "incontext_predictive", "incontext_bayes", "NGram",
+           "GINC_DOC_LEN", "switch_readings", "ginc_settings", "incontext_positions", "sample_incontext",
+           "incontext_predictive", "incontext_bayes", "NGram",
            "ngram_baselines", "GLUE_FILES", "load_glue_task", "bert_large_path"]
 
 ENTITY_SWITCH = ("ginc", "t1", "uniform")
@@ -293,6 +294,22 @@ def top_switch_share(g: GINC, states: np.ndarray | None = None) -> float:
     if not sw.any():
         raise ValueError("no entity switch in the given states: sample longer or more sequences")
     return float((b[sw] == top[a[sw]]).mean())
+
+
+def switch_readings(seed: int = 0, n_docs: int = 256, length: int = 64, sample_seed: int = 7) -> pd.DataFrame:
+    """Top-switch share of the three readings of entity switching (:data:`ENTITY_SWITCH`; MASS Sec. 4.1, notebook 04,
+    issue 18 item 1): per reading the expected share (:func:`top_switch_share` of the transition matrix), the share
+    measured on ``n_docs`` sampled documents of ``length`` tokens, and the number of switches it counts.  All three
+    families share every other random draw (``seed``), so only M differs."""
+    rows = []
+    for rule in ENTITY_SWITCH:
+        g = build_ginc(GINCConfig(seed=seed, entity_switch=rule))
+        st = sample_documents(g, n_docs, length, seed=sample_seed)["states"]
+        v = g.entity_of(st)
+        rows.append(dict(entity_switch=rule, expected_top_share=top_switch_share(g),
+                         measured_top_share=top_switch_share(g, st), switches=int((v[:, 1:] != v[:, :-1]).sum()),
+                         uniform_share=1.0 / (g.cfg.n_entities - 1)))
+    return pd.DataFrame(rows)
 
 
 # ----------------------------------------------------------------------------------------------- in-context format

@@ -31,14 +31,16 @@ from moelab import assets, progress
 from moelab import train as mtrain
 from moelab.core import diagnostics, moe_layers
 from moelab.core.convert import moeify
-from moelab.mass.data import GINCConfig, build_ginc, sample_documents, sample_incontext
+from moelab.mass.data import (GINCConfig, build_ginc, incontext_bayes, ngram_baselines, sample_documents,
+                              sample_incontext)
 from moelab.mass.method import (DynMoEAdapter, MassConfig, MassExpander, MassLayerExpander, mass_settings,
                                 slots_delta, top_p_weights, topk_weights)
 from moelab.seed import seed_everything
 
-__all__ = ["sinusoidal_positions", "StackedMoETransformer", "train_stacked", "eval_per_sequence", "evaluate_stacked",
-           "collect_routing", "SynthSetup", "run_naive", "run_mass", "run_from_config", "GLUE_METHODS",
-           "GlueStandinConfig", "MiniLMClassifier", "glue_standin", "run_glue_standin"]
+__all__ = ["sinusoidal_positions", "StackedMoETransformer", "train_stacked", "lr_factor", "LR_DECAYS",
+           "eval_per_sequence", "evaluate_stacked", "collect_routing", "SynthSetup", "EVAL_SPLITS", "reference_levels",
+           "run_naive", "run_mass", "run_from_config", "GLUE_METHODS", "GlueStandinConfig", "MiniLMClassifier",
+           "glue_standin", "run_glue_standin"]
 
 
 # ----------------------------------------------------------------------------------------------- model
@@ -161,10 +163,25 @@ def _nll(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor | None =
 
 
 # ----------------------------------------------------------------------------------------------- training
+LR_DECAYS = ("none", "cosine")
+
+
+def lr_factor(step: int, steps: int, warm: int, decay: str = "none") -> float:
+    """Learning-rate multiplier of 0-based ``step`` (notebook 04's schedule): linear warm-up (s + 1)/warm over the
+    first ``warm`` steps, then 1 ("none") or the cosine 1/2 (1 + cos(pi (s + 1 - warm) / (steps - warm))) down to 0
+    at the last step ("cosine")."""
+    if step < warm:
+        return (step + 1) / warm
+    if decay == "none" or steps <= warm:
+        return 1.0
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step + 1 - warm) / (steps - warm))))
+
+
 def train_stacked(model: StackedMoETransformer, docs: np.ndarray, *, steps: int, batch_size: int, lr: float,
                   warmup_frac: float = 0.05, seed: int = 0, aux_loss=None, after_backward=None, after_step=None,
                   log_every: int = 10, desc: str = "stacked MoE", router_frozen: bool = False,
-                  progress_bar: bool | None = None, loss_mask: np.ndarray | None = None) -> pd.DataFrame:
+                  progress_bar: bool | None = None, loss_mask: np.ndarray | None = None,
+                  decay: str = "none") -> pd.DataFrame:
     """Adam on the sum over models of each model's mean CE (models independent: disjoint parameters, elementwise Adam;
     MASS Sec. 4.1, notebook 04).  docs [n, S+1] token ids, drawn in a seeded order; ``loss_mask`` [n, S+1] bool: score
     only those tokens (the in-context format's targets y; None: every next token).  Hook points as in ``moelab.train``: ``aux_loss(step, model)``
@@ -176,8 +193,8 @@ def train_stacked(model: StackedMoETransformer, docs: np.ndarray, *, steps: int,
     (``aux_loss`` excluded), via ``moelab.core.diagnostics``; a model whose gate gets no task gradient at any logged
     step where it has more than one active expert raises RuntimeError (run named ``desc``, model index) unless
     ``router_frozen`` (a single active expert has probability 1 under any rule: nothing to route, nothing to learn;
-    ``active_experts`` is logged).  ``progress_bar``: a bar
-    over the steps (None: follow ``MOELAB_PROGRESS``)."""
+    ``active_experts`` is logged).  ``decay``: the learning-rate schedule after warm-up (:func:`lr_factor`).
+    ``progress_bar``: a bar over the steps (None: follow ``MOELAB_PROGRESS``)."""
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps={steps} and batch_size={batch_size} must be >= 1")
     docs_t = torch.as_tensor(docs, dtype=torch.long)
@@ -187,8 +204,10 @@ def train_stacked(model: StackedMoETransformer, docs: np.ndarray, *, steps: int,
     rng = np.random.default_rng(seed)
     torch.set_num_threads(1)   # many small ops: one thread is ~10x faster than two on the shared, loaded CPU
     opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=True)
+    if decay not in LR_DECAYS:
+        raise ValueError(f"decay={decay!r} must be one of {LR_DECAYS}")
     warm = max(1, int(warmup_frac * steps))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, steps, warm, decay))
     rows = []
     model.train()
     bar = progress.bar(total=steps, desc=desc, unit="step", disable=None if progress_bar is None else not progress_bar)
@@ -276,6 +295,8 @@ def collect_routing(model: StackedMoETransformer, docs: np.ndarray, chunk: int =
 
 # ----------------------------------------------------------------------------------------------- experiment drivers
 DATA_FORMATS = ("documents", "incontext")
+# held-out splits: independent draws of the same process, seeded data_seed + offset (train: data_seed)
+EVAL_SPLITS = {"test": 1000, "validation": 2000}
 
 
 @dataclass
@@ -285,13 +306,16 @@ class SynthSetup:
     next token) or "incontext" (the paper's [x1, y1, o, ..., xn, yn] sequences of ``n_examples`` examples of
     ``example_len`` tokens, :func:`moelab.mass.data.sample_incontext`; loss on the targets y with
     ``loss_on="targets"``, on every next token with "all"; the model's input length is n_examples (example_len+1) - 2
-    and ``seq_len`` is ignored).  ``entity_switch``: :class:`moelab.mass.data.GINCConfig`'s switching rule."""
+    and ``seq_len`` is ignored).  ``entity_switch``: :class:`moelab.mass.data.GINCConfig`'s switching rule.
+    ``eval_split``: which held-out draw :meth:`data` returns as its third element ("test": seed data_seed + 1000;
+    "validation": data_seed + 2000, the only split model settings are chosen on, ``scripts/tune_04.py``)."""
     d_model: int = 32
     n_heads: int = 2
     seq_len: int = 16
     batch_size: int = 16
     steps: int = 400
     lr: float = 1e-2
+    lr_decay: str = "none"
     max_experts: int = 16
     n_test: int = 256
     ginc_seed: int = 0
@@ -301,10 +325,15 @@ class SynthSetup:
     example_len: int = 5
     loss_on: str = "targets"
     entity_switch: str = "t1"
+    eval_split: str = "test"
 
     def __post_init__(self):
+        if self.eval_split not in EVAL_SPLITS:
+            raise ValueError(f"eval_split={self.eval_split!r} must be one of {EVAL_SPLITS} (tune on 'validation')")
         if self.data_format not in DATA_FORMATS:
             raise ValueError(f"data_format={self.data_format!r} must be one of {DATA_FORMATS}")
+        if self.lr_decay not in LR_DECAYS:
+            raise ValueError(f"lr_decay={self.lr_decay!r} must be one of {LR_DECAYS}")
         if self.loss_on not in ("targets", "all"):
             raise ValueError(f"loss_on={self.loss_on!r} must be 'targets' or 'all'")
         if self.data_format == "incontext" and (self.n_examples < 1 or self.example_len < 2
@@ -327,19 +356,41 @@ class SynthSetup:
         states, concept); incontext: both dicts of :func:`moelab.mass.data.sample_incontext`."""
         g = self.ginc()
         n_train = self.steps * self.batch_size
+        held = self.data_seed + EVAL_SPLITS[self.eval_split]
         if self.data_format == "incontext":
             train = sample_incontext(g, n_train, self.n_examples, self.example_len, seed=self.data_seed)
-            test = sample_incontext(g, self.n_test, self.n_examples, self.example_len, seed=self.data_seed + 1000)
+            test = sample_incontext(g, self.n_test, self.n_examples, self.example_len, seed=held)
             return g, train, test
         train = sample_documents(g, n_train, self.seq_len + 1, seed=self.data_seed)["tokens"]
-        test = sample_documents(g, self.n_test, self.seq_len + 1, seed=self.data_seed + 1000)
+        test = sample_documents(g, self.n_test, self.seq_len + 1, seed=held)
         return g, train, test
 
-    def arrays(self, data) -> tuple[np.ndarray, np.ndarray | None]:
-        """(tokens, loss mask or None) of a train or test part returned by :meth:`data`."""
+    def arrays(self, data, held_out: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+        """(tokens, mask or None) of a part returned by :meth:`data`: the training loss mask (``loss_on``), or with
+        ``held_out=True`` the scoring mask, always the targets y of the in-context format (the paper evaluates the
+        prediction of y whatever the training loss)."""
         if isinstance(data, dict) and "target_mask" in data:
-            return data["tokens"], (data["target_mask"] if self.loss_on == "targets" else None)
+            return data["tokens"], (data["target_mask"] if held_out or self.loss_on == "targets" else None)
         return (data["tokens"] if isinstance(data, dict) else data), None
+
+
+def reference_levels(setup: SynthSetup) -> pd.DataFrame:
+    """Reference levels of the in-context task on the setup's held-out draw (MASS Sec. 4.1; notebook 04, issue 18
+    item 1): the exact Bayes floor (:func:`moelab.mass.data.incontext_bayes`) and add-1 n-gram baselines fitted on
+    the setup's training draw, on the targets y (n-grams counted on the targets, ``fit_on="targets"``, and on every
+    position, ``"all"``) and on the full sequence.  Returns DataFrame(name, fit_on, target_nll, full_nll,
+    target_acc) with the Bayes row first."""
+    if setup.data_format != "incontext":
+        raise ValueError(f"reference_levels needs data_format='incontext', got {setup.data_format!r}")
+    g, train, test = setup.data()
+    b = incontext_bayes(g, test)
+    rows = [dict(name="Bayes", fit_on="exact", target_nll=float(b["target_nll"].mean()),
+                 full_nll=float(b["full_nll"].mean()), target_acc=float(b["target_acc"].mean()))]
+    for fit_on in ("targets", "all"):
+        ng = ngram_baselines(train, test, g.cfg.n_symbols, fit_on=fit_on)
+        rows += [dict(name=r.name, fit_on=fit_on, target_nll=r.target_nll, full_nll=r.full_nll,
+                      target_acc=r.target_acc) for r in ng.itertuples()]
+    return pd.DataFrame(rows)
 
 
 def _bucket(num_experts: int) -> int:
@@ -358,7 +409,7 @@ def run_naive(setup: SynthSetup, configs: list[tuple[int, int, int]], keep_routi
             raise ValueError(f"bad naive config num_experts={E}, top_k={k} (need 1 <= k <= E <= {setup.max_experts})")
     g, train, test = setup.data()
     tr_tok, tr_mask = setup.arrays(train)
-    te_tok, te_mask = setup.arrays(test)
+    te_tok, te_mask = setup.arrays(test, held_out=True)
     idx_by_bucket: dict[int, list[int]] = {}
     for i, (E, _, _) in enumerate(configs):
         idx_by_bucket.setdefault(_bucket(E), []).append(i)
@@ -371,7 +422,8 @@ def run_naive(setup: SynthSetup, configs: list[tuple[int, int, int]], keep_routi
                                       num_experts=[c[0] for c in cf], top_k=[c[1] for c in cf],
                                       seeds=[1000 * c[2] + 17 * c[0] + c[1] for c in cf])
         h = train_stacked(model, tr_tok, steps=setup.steps, batch_size=setup.batch_size, lr=setup.lr,
-                          seed=setup.data_seed, desc=f"naive {len(cf)} models, {slots} slots", loss_mask=tr_mask)
+                          seed=setup.data_seed, desc=f"naive {len(cf)} models, {slots} slots", loss_mask=tr_mask,
+                          decay=setup.lr_decay)
         h[["num_experts", "top_k", "seed"]] = np.asarray(cf)[h.model.to_numpy()]
         hists.append(h.drop(columns="model"))
         ev = evaluate_stacked(model, te_tok, te_mask)
@@ -398,7 +450,7 @@ def run_mass(setup: SynthSetup, mass_cfg: MassConfig, seeds, init_experts: int |
         raise ValueError(f"init_experts={init} must lie in [1, max_experts={mass_cfg.max_experts}]")
     g, train, test = setup.data()
     tr_tok, tr_mask = setup.arrays(train)
-    te_tok, te_mask = setup.arrays(test)
+    te_tok, te_mask = setup.arrays(test, held_out=True)
     R = len(seeds)
     model = StackedMoETransformer(R, g.cfg.n_symbols, setup.d_model, setup.n_heads, setup.input_len,
                                   mass_cfg.max_experts, num_experts=init, top_p=top_p,
@@ -406,7 +458,7 @@ def run_mass(setup: SynthSetup, mass_cfg: MassConfig, seeds, init_experts: int |
     ex = MassExpander(mass_cfg, R)
     hist = train_stacked(model, tr_tok, steps=setup.steps, batch_size=setup.batch_size, lr=setup.lr,
                          seed=setup.data_seed, aux_loss=ex.redundancy_loss, after_backward=ex.after_backward,
-                         desc=f"MASS {R} runs", loss_mask=tr_mask)
+                         desc=f"MASS {R} runs", loss_mask=tr_mask, decay=setup.lr_decay)
     ev = evaluate_stacked(model, te_tok, te_mask)
     w = collect_routing(model, te_tok)                                  # [R, N, E]
     p = collect_routing(model, te_tok, which="probs")

@@ -11,7 +11,8 @@ import seaborn as sns
 
 from moelab.stats import bootstrap_ci, jensen_shannon
 
-__all__ = ["frontier", "routing_jsd", "jsd_points", "plot_fig2", "plot_fig3", "plot_appc", "glue_summary",
+__all__ = ["frontier", "frontier_bands", "frontier_spread", "routing_jsd", "jsd_points", "jsd_table", "pool_trace",
+           "max_reachable_pool", "plot_fig2", "plot_fig3", "plot_appc", "plot_expansion_trace", "glue_summary",
            "plot_glue_standin"]
 
 
@@ -21,6 +22,30 @@ def frontier(df: pd.DataFrame, x: str = "num_experts", y: str = "test_loss") -> 
     if df.empty:
         raise ValueError("empty grid table")
     return df.loc[df.groupby(x)[y].idxmin()].sort_values(x).reset_index(drop=True)
+
+
+def frontier_bands(df: pd.DataFrame, x: str = "num_experts", y: str = "test_loss") -> pd.DataFrame:
+    """Seed-level frontier (MASS Sec. 4.3, Fig. 2; notebook 04): per expert count the top-k whose mean ``y`` over
+    seeds is lowest, with that mean, its seed s.d. and number of seeds.  Returns DataFrame(num_experts, top_k, mean,
+    sd, n) sorted by ``x``: the curve the elbow is read from (the best single run per count, :func:`frontier`,
+    picks seed noise as well)."""
+    if df.empty:
+        raise ValueError("empty grid table")
+    g = df.groupby([x, "top_k"])[y].agg(["mean", "std", "count"]).reset_index()
+    best = g.loc[g.groupby(x)["mean"].idxmin()].sort_values(x)
+    return pd.DataFrame({x: best[x].to_numpy(), "top_k": best.top_k.to_numpy(), "mean": best["mean"].to_numpy(),
+                         "sd": best["std"].fillna(0.0).to_numpy(), "n": best["count"].to_numpy()})
+
+
+def frontier_spread(df: pd.DataFrame, x: str = "num_experts", y: str = "test_loss") -> dict:
+    """How much the number of experts matters against seed noise (issue 18 item 2; notebook 04): ``spread`` = max -
+    min of the seed-mean frontier (:func:`frontier_bands`), ``seed_sd`` = pooled seed s.d. of the frontier's
+    configurations sqrt(mean_E sd_E^2), ``ratio`` = spread / seed_sd (inf when seed_sd is 0)."""
+    fb = frontier_bands(df, x, y)
+    spread = float(fb["mean"].max() - fb["mean"].min())
+    sd = float(np.sqrt(np.mean(fb.sd.to_numpy() ** 2)))
+    return dict(spread=spread, seed_sd=sd, ratio=spread / sd if sd > 0 else float("inf"),
+                best_E=int(fb[x].iloc[int(fb["mean"].argmin())]), n_counts=len(fb))
 
 
 def routing_jsd(weights: np.ndarray, groups: np.ndarray, n_groups: int) -> np.ndarray:
@@ -54,42 +79,118 @@ def jsd_points(routing: np.ndarray, states: np.ndarray, n_entities: int, n_prope
     return pd.DataFrame(rows)
 
 
+def pool_trace(events: pd.DataFrame, init: int, steps: int, model: int | None = None) -> np.ndarray:
+    """Active experts before each step 0..steps-1 (MASS Alg. 1; notebook 04's expansion trace):
+    pool(t) = init + #expansions at steps < t - #removals at steps < t (events of ``model`` when given)."""
+    if init < 1 or steps < 1:
+        raise ValueError(f"init={init} and steps={steps} must be >= 1")
+    ev = events if model is None else events[events.model == model]
+    delta = np.zeros(steps + 1)
+    for kind, sign in (("expand", 1), ("remove", -1)):
+        st = ev.step[ev.kind == kind].to_numpy(int)
+        np.add.at(delta, np.clip(st + 1, 0, steps), sign)
+    return init + np.cumsum(delta)[:steps].astype(int)
+
+
+def max_reachable_pool(init: int, max_experts: int, warmup: int, window: int, expand_until: int) -> int:
+    """Largest pool the public change-point schedule can reach (MASS Sec. 3.4 as the public code runs it;
+    notebook 04): an expert is first tested at step max(warmup, window) - 1; after it is duplicated its warm-up count
+    restarts (``warmup`` more steps) and the copy needs a full window, so within the expansion phase (steps <
+    ``expand_until``) each expert can be split ``r`` times, counted here by simulating the schedule with every
+    testable expert firing at every step it may.  Returns min(max_experts, that pool)."""
+    if min(init, max_experts, warmup, window, expand_until) < 1:
+        raise ValueError("init, max_experts, warmup, window and expand_until must be >= 1")
+    # per expert: steps recorded since reset (count) and norms in its window (len); testable when both allow
+    count, seen = [0] * init, [0] * init
+    for _ in range(expand_until):
+        n_before = len(count)
+        for e in range(n_before):
+            count[e] += 1
+            seen[e] = min(window, seen[e] + 1)
+        for e in range(n_before):
+            if len(count) >= max_experts:
+                return max_experts
+            if count[e] >= warmup and seen[e] == window:
+                count[e] = 0
+                count.append(0)
+                seen.append(0)
+                break                                           # one expansion per step (public code)
+    return min(max_experts, len(count))
+
+
+JSD_READINGS = {"gate softmax": "probs", "post-top-p/top-k weights": "routing"}
+
+
+def jsd_table(mass_res: dict, naive_res: dict, states: np.ndarray, n_entities: int, n_properties: int,
+              n_chunks: int = 8) -> pd.DataFrame:
+    """Fig. 3 points of every MASS run and every naive run (MASS Sec. 4.3; notebook 04): :func:`jsd_points` of each
+    run's routing under both readings -- "gate softmax" (p = softmax(W_g u), the paper's routing distribution) and
+    "post-top-p/top-k weights".  ``mass_res``: :func:`moelab.mass.run_mass` output (``probs``/``routing`` [R, N, E]);
+    ``naive_res``: :func:`moelab.mass.run_naive` output with ``keep_routing=True`` ({cfg index: [N, E]}).  Returns
+    DataFrame(chunk, entity_jsd, property_jsd, routing, method, run) (run: index within the method)."""
+    if not naive_res.get("probs") or not naive_res.get("routing"):
+        raise ValueError("naive_res has no routing: run_naive(..., keep_routing=True)")
+    parts = []
+    for label, key in JSD_READINGS.items():
+        for r in range(len(mass_res[key])):
+            parts.append(jsd_points(mass_res[key][r], states, n_entities, n_properties, n_chunks)
+                         .assign(routing=label, method="MASS", run=r))
+        for i, w in sorted(naive_res[key].items()):
+            parts.append(jsd_points(w, states, n_entities, n_properties, n_chunks)
+                         .assign(routing=label, method="naive", run=i))
+    return pd.concat(parts, ignore_index=True)
+
+
 # ----------------------------------------------------------------------------------------------- figures
-def plot_fig2(grid: pd.DataFrame, front: pd.DataFrame, elbow: float, mass: pd.DataFrame, sweep: pd.DataFrame,
-              fixed_experts: int, bayes_floor: float):
-    """Fig. 2: left test loss vs #experts (naive runs, frontier, elbow, MASS runs); right test loss vs top-k at a
-    fixed pool (naive) with MASS at its mean active experts."""
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+def plot_fig2(grid: pd.DataFrame, bands: pd.DataFrame, elbow: float | None, mass: pd.DataFrame, sweep: pd.DataFrame,
+              fixed_experts: int, references: dict):
+    """Fig. 2 (MASS Sec. 4.3; notebook 04).  Left: target NLL vs #experts -- naive runs (dots per top-k), the
+    seed-mean frontier with a ±1 s.d. band over seeds (:func:`frontier_bands`), its elbow (None: no elbow), MASS runs
+    (stars at their final pools); right: target NLL vs top-k at a fixed pool (naive, mean ± s.d. over seeds) with MASS
+    at its mean active experts.  ``references``: {label: level} drawn as horizontal lines (Bayes floor, n-grams)."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
     for k, sub in grid.groupby("top_k"):
-        a.scatter(sub.num_experts, sub.test_loss, s=12, alpha=0.5, label=f"naive top-{k}")
-    a.plot(front.num_experts, front.test_loss, "k-", lw=1.5, label="frontier (best per count)")
-    a.axvline(elbow, color="gray", ls="--", label=f"elbow = {elbow:g}")
+        a.scatter(sub.num_experts, sub.test_loss, s=10, alpha=0.4, label=f"naive top-{k}")
+    x, m, sd = bands.num_experts.to_numpy(float), bands["mean"].to_numpy(), bands.sd.to_numpy()
+    a.plot(x, m, "k-", lw=1.5, label="frontier (seed mean, best top-k)")
+    a.fill_between(x, m - sd, m + sd, color="k", alpha=0.15, label="±1 s.d. over seeds")
+    if elbow is not None:
+        a.axvline(elbow, color="gray", ls="--", label=f"elbow = {elbow:g}")
     a.scatter(mass.final_experts, mass.test_loss, marker="*", s=150, c="purple", label="MASS runs", zorder=5)
-    a.set(xlabel="# experts", ylabel="test loss (nats/token)", title="Fig 2 left")
-    a.legend(fontsize=7)
-    m = sweep.groupby("top_k").test_loss.agg(["mean", "std"]).reset_index()
-    b.errorbar(m.top_k, m["mean"], yerr=m["std"], fmt="o-", color="gray", label=f"naive, E={fixed_experts}")
+    a.set(xlabel="# experts", ylabel="test NLL of the targets y (nats)", title="Fig 2 left")
+    ms_ = sweep.groupby("top_k").test_loss.agg(["mean", "std"]).reset_index()
+    b.errorbar(ms_.top_k, ms_["mean"], yerr=ms_["std"].fillna(0), fmt="o-", color="gray",
+               label=f"naive, E={fixed_experts}")
     b.errorbar([mass.mean_active.mean()], [mass.test_loss.mean()], xerr=[mass.mean_active.std()],
                yerr=[mass.test_loss.std()], fmt="*", ms=14, color="purple", label="MASS (top-p), mean active")
-    for ax in (a, b):
-        ax.axhline(bayes_floor, color="green", ls=":", lw=1, label="Bayes-optimal")
-    b.set(xlabel="top-k (active experts per token)", ylabel="test loss", title="Fig 2 right")
-    b.legend(fontsize=7)
+    styles = [":", "-.", "--", (0, (1, 3))]
+    for i, (lab, lev) in enumerate(references.items()):
+        for ax in (a, b):
+            ax.axhline(lev, color=f"C{i + 4}", ls=styles[i % len(styles)], lw=1, label=f"{lab} ({lev:.3f})")
+    b.set(xlabel="top-k (active experts per token)", ylabel="test NLL of the targets y", title="Fig 2 right")
+    a.legend(fontsize=6)
+    b.legend(fontsize=6)
     fig.tight_layout()
     return fig
 
 
 def plot_fig3(points: pd.DataFrame):
-    """Fig. 3: contours of (entity JSD, property JSD) points of MASS vs naive runs (points: method, entity_jsd,
-    property_jsd)."""
-    fig, ax = plt.subplots(figsize=(5, 4.5))
+    """Fig. 3 (MASS Sec. 4.3; notebook 04): contours of (entity JSD, property JSD) points of MASS vs naive runs
+    (points: method, entity_jsd, property_jsd, optional ``routing`` -- one panel per routing reading, e.g. the
+    gate's softmax and the post-top-p/top-k weights)."""
+    if "routing" not in points:
+        points = points.assign(routing="routing")
+    kinds = list(dict.fromkeys(points.routing))
+    fig, axes = plt.subplots(1, len(kinds), figsize=(5 * len(kinds), 4.5), squeeze=False)
     colors = {"MASS": "purple", "naive": "gray"}
-    for meth, sub in points.groupby("method"):
-        if len(sub) > 3 and sub[["entity_jsd", "property_jsd"]].std().min() > 0:
-            sns.kdeplot(data=sub, x="entity_jsd", y="property_jsd", ax=ax, color=colors.get(meth), levels=5, fill=False)
-        ax.scatter(sub.entity_jsd, sub.property_jsd, s=8, color=colors.get(meth), alpha=0.6, label=meth)
-    ax.set(xlabel="entity-level JSD of mean routing", ylabel="property-level JSD", title="Fig 3")
-    ax.legend()
+    for ax, kind in zip(axes[0], kinds):
+        for meth, sub in points[points.routing == kind].groupby("method"):
+            if len(sub) > 3 and sub[["entity_jsd", "property_jsd"]].std().min() > 0:
+                sns.kdeplot(data=sub, x="entity_jsd", y="property_jsd", ax=ax, color=colors.get(meth), levels=5,
+                            fill=False)
+            ax.scatter(sub.entity_jsd, sub.property_jsd, s=8, color=colors.get(meth), alpha=0.6, label=meth)
+        ax.set(xlabel="entity-level JSD (bits)", ylabel="property-level JSD (bits)", title=f"Fig 3: {kind}")
+        ax.legend()
     fig.tight_layout()
     return fig
 
@@ -113,6 +214,50 @@ def plot_appc(trace: pd.DataFrame, events: pd.DataFrame, max_panels: int = 4, sp
         ax.axvline(e.step, color="purple", ls="--", lw=1)
         ax.set(title=f"run {e.model}: expert {e.expert} -> {e.new} @ {e.step}", xlabel="step", ylabel="||grad W1||_F")
         ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+def plot_expansion_trace(trace: pd.DataFrame, events: pd.DataFrame, runs: pd.DataFrame, p_threshold: float,
+                         delta: float, expand_until: int, max_runs: int = 8):
+    """Expansion trace per MASS run (MASS Sec. 3.4-3.5, Alg. 1; notebook 04), one column per run (the first
+    ``max_runs`` rows of ``runs``: seed, init_experts; their index in ``runs`` is the ``model`` id of ``trace`` /
+    ``events``), rows: (1) the change-point statistic's input g_t = ||grad W1_e||_F per expert; (2) its p-value
+    p = 1 - Phi(sum z / sqrt(W)) per expert (log scale) with the threshold; (3) |cos(W1_e, grad W1_e)| at every
+    firing against delta (filled: passed the semantic test); (4) pool size over the steps (:func:`pool_trace`)."""
+    runs = runs.reset_index(drop=True).head(max_runs)
+    n = max(1, len(runs))
+    fig, axes = plt.subplots(4, n, figsize=(3.2 * n, 9), squeeze=False, sharex=True)
+    for m, r in runs.iterrows():
+        tr, ev = trace[trace.model == m], events[events.model == m]
+        a_g, a_p, a_c, a_n = axes[:, m]
+        for e, sub in tr.groupby("expert"):
+            a_g.plot(sub.step, sub.grad_norm, lw=0.7)
+            a_p.plot(sub.step, sub.p.clip(lower=1e-12), lw=0.7)
+        a_p.axhline(p_threshold, color="red", ls=":", lw=1)
+        a_p.set_yscale("log")
+        fires = ev[ev.kind == "fire"]
+        ok = fires.cos.abs() < delta
+        a_c.scatter(fires.step[ok], fires.cos.abs()[ok], color="purple", s=14, label="|cos| < δ: candidate")
+        a_c.scatter(fires.step[~ok], fires.cos.abs()[~ok], facecolors="none", edgecolors="gray", s=14,
+                    label="|cos| ≥ δ: no expansion")
+        a_c.axhline(delta, color="purple", ls=":", lw=1)
+        a_c.set_yscale("symlog", linthresh=delta / 10)
+        pool = pool_trace(ev, int(r.init_experts), expand_until)
+        a_n.step(np.arange(expand_until), pool, where="post", color="k")
+        for kind, c in (("expand", "green"), ("remove", "red")):
+            st = ev.step[ev.kind == kind]
+            a_n.scatter(st, pool[np.clip(st.to_numpy(int) + 1, 0, expand_until - 1)], color=c, s=12, zorder=5,
+                        label=kind)
+        a_g.set_title(f"run {m} (seed {r.seed}, start {int(r.init_experts)})", fontsize=8)
+        a_n.set_xlabel("step")
+        if m == 0:
+            a_g.set_ylabel("||grad W1_e||_F")
+            a_p.set_ylabel("change-point p")
+            a_c.set_ylabel("|cos| at firings")
+            a_n.set_ylabel("pool size")
+            a_c.legend(fontsize=6)
+            a_n.legend(fontsize=6)
     fig.tight_layout()
     return fig
 
