@@ -63,3 +63,36 @@ def test_build_is_resumable(tmp_path, monkeypatch):
     assert set(pd.read_csv(items).model) == {"smollm2-135m-instruct"}
     with pytest.raises(ValueError, match="unknown scorecard model"):
         scorecard.build(("nope",), out, items, tasks=tasks)
+
+
+def test_mde_table_matches_normal_formula(tmp_path):
+    """MDE = (z_{.975} + z_{.80}) · s.d./√n (large df); paired accuracy s.d. = √q; written beside the scorecard."""
+    from scipy.stats import norm
+
+    ids = [d["id"] for d in lmeval.task_docs("bb_hyperbaton")[:40]]
+    acc = pd.DataFrame(dict(task="moelab_bb_hyperbaton", item_id=ids, metric="acc", score=[1.0, 0.0, 0.0, 0.0] * 10))
+    bpb = pd.DataFrame(dict(task="moelab_nll_code", item_id=range(10), metric="bpb", score=[0.2, 0.6] * 5))
+    items = pd.concat([acc, bpb]).assign(model="m")
+    t = scorecard.mde_table(items, n_items=(100, 400), disagreement=0.25).set_index("task")
+    z = norm.ppf(0.975) + norm.ppf(0.8)
+    sd = acc.score.std(ddof=1)
+    assert t.loc["moelab_bb_hyperbaton", "mde_one_sample_100"] == pytest.approx(z * sd / 10, rel=1e-4)
+    assert t.loc["moelab_bb_hyperbaton", "mde_paired_400"] == pytest.approx(z * 0.5 / 20, rel=1e-4)
+    assert t.loc["moelab_nll_code", "mde_one_sample_400"] == pytest.approx(z * bpb.score.std(ddof=1) / 20, rel=1e-4)
+    assert pd.isna(t.loc["moelab_nll_code", "mde_paired_100"])
+    assert t.loc["moelab_bb_hyperbaton", "pool"] == 500
+    scorecard.write(scorecard.with_option_order(acc).assign(model="m"), tmp_path / "sc.csv", tmp_path / "items.csv")
+    assert (tmp_path / "sc_mde.csv").exists()
+
+
+def test_merge_keeps_old_rows_of_tasks_not_measured_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(scorecard, "partial_path", lambda name: tmp_path / f"{name}.csv")
+    ids = [d["id"] for d in lmeval.task_docs("bb_hyperbaton")[:20]]
+    old = pd.concat([pd.DataFrame(dict(task="moelab_bb_hyperbaton", item_id=ids, metric="acc", score=0.0)),
+                     pd.DataFrame(dict(task="moelab_nll_code", item_id=range(5), metric="bpb", score=0.5))])
+    items = tmp_path / "items.csv"
+    old.assign(model="gemma-3-270m").to_csv(items, index=False)
+    new = scorecard.with_option_order(old[old.task == "moelab_bb_hyperbaton"].assign(score=1.0))
+    new.to_csv(tmp_path / "gemma-3-270m.csv", index=False)
+    t = scorecard.merge(("gemma-3-270m",), tmp_path / "sc.csv", items).set_index("task")
+    assert t.loc["moelab_bb_hyperbaton", "acc"] == 1.0 and t.loc["moelab_nll_code", "acc"] == 0.5
