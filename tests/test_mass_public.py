@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
+from mass_slots import SlotView
 from moelab.mass import MassConfig, MassPool, mass_settings
 
 
@@ -76,22 +77,12 @@ class PublicRule:
         return self.K - int(self.masked_last)
 
 
-class View:
+class View(SlotView):
     """A pool of E slots driven by tables: norms[t, e], cos[t, e], gap(t, e)."""
 
     def __init__(self, E, init_k, norms, cos, gap):
-        self.act = np.zeros(E, bool)
-        self.act[:init_k] = True
+        super().__init__(E, init_k)
         self.norms, self.cos_t, self.gap, self.t = norms, cos, gap, 0
-
-    def active(self):
-        return np.flatnonzero(self.act)
-
-    def free(self):
-        return np.flatnonzero(~self.act)
-
-    def n_active(self):
-        return int(self.act.sum())
 
     def grad_norms(self):
         return self.norms[self.t]

@@ -10,6 +10,7 @@ import pytest
 
 matplotlib.use("Agg")
 
+from mass_slots import SlotView
 from moelab import mass as ms
 from moelab.mass.method import MassConfig, MassPool
 
@@ -81,23 +82,13 @@ def test_pool_trace_matches_loop():
         ms.pool_trace(ev, 0, 12)
 
 
-class _AlwaysFires:
+class _AlwaysFires(SlotView):
     """A pool view whose every expert's gradient norm grows each step (so every testable expert has p ~ 0), whose
     gradients are orthogonal to the weights (cos 0) and whose last-added expert always lowers the NLL."""
 
     def __init__(self, init, slots, rate):
-        self.act = np.zeros(slots, bool)
-        self.act[:init] = True
+        super().__init__(slots, init)
         self.t, self.rate = 0, rate
-
-    def active(self):
-        return np.flatnonzero(self.act)
-
-    def free(self):
-        return np.flatnonzero(~self.act)
-
-    def n_active(self):
-        return int(self.act.sum())
 
     def grad_norms(self):
         self.t += 1
