@@ -78,6 +78,18 @@ CANDIDATES = {
                                             lr_decay="cosine", n_heads=4),
     "d128_b32_lr3e-3_T3000_all_cos": dict(d_model=128, batch_size=32, lr=3e-3, steps=3000, loss_on="all",
                                           lr_decay="cosine", n_heads=4),
+    # two attention layers (one attention-only block before the MoE block): one layer does not beat the trigram
+    "d64_b32_lr1e-2_T1000_all_cos_h4_L2": dict(d_model=64, batch_size=32, lr=1e-2, steps=1000, loss_on="all",
+                                               lr_decay="cosine", n_heads=4, attn_layers=2),
+    "d64_b32_lr1e-2_T3000_all_cos_h4_L2": dict(d_model=64, batch_size=32, lr=1e-2, steps=3000, loss_on="all",
+                                               lr_decay="cosine", n_heads=4, attn_layers=2),
+    "d64_b32_lr3e-3_T3000_all_cos_h4_L2": dict(d_model=64, batch_size=32, lr=3e-3, steps=3000, loss_on="all",
+                                               lr_decay="cosine", n_heads=4, attn_layers=2),
+    "d64_b32_lr1e-2_T3000_all_cos_h4_L3": dict(d_model=64, batch_size=32, lr=1e-2, steps=3000, loss_on="all",
+                                               lr_decay="cosine", n_heads=4, attn_layers=3),
+    # a longer schedule: one and two layers both stop short of the trigram at T = 3000 (still falling)
+    "d64_b32_lr1e-2_T6000_all_cos_h4": dict(d_model=64, batch_size=32, lr=1e-2, steps=6000, loss_on="all",
+                                            lr_decay="cosine", n_heads=4),
 }
 SCREEN = dict(counts=(1, 4, 16), seeds=(0, 1))
 FRONTIER = dict(counts=(1, 2, 3, 4, 6, 8, 12, 16), seeds=(0, 1, 2))
@@ -193,6 +205,11 @@ def main(argv=None):
         t["cpu_s"] = cpu
         last = res["history"].groupby(["num_experts", "top_k", "seed"]).loss.apply(lambda l: float(l.iloc[-5:].mean()))
         t["train_loss_end"] = [last[(r.num_experts, r.top_k, r.seed)] for r in t.itertuples()]
+        # re-read before writing: several screening processes may share the files (one candidate each)
+        runs = pd.read_csv(csv_path) if csv_path.exists() else pd.DataFrame()
+        disk = json.loads(json_path.read_text()) if json_path.exists() else dict(references={}, runs=[])
+        summary = {**disk, "references": {**disk.get("references", {}), **summary["references"]},
+                   "runs": disk.get("runs", [])}
         runs = pd.concat([runs, t], ignore_index=True)
         runs.to_csv(csv_path, index=False, float_format="%.6g")
         ref = summary["references"][ref_key]

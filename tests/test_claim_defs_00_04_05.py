@@ -173,6 +173,28 @@ def test_04_elbow_is_not_testable_when_seeds_disagree_and_a_level_otherwise(tmp_
     assert isinstance(nb04.elbow_evidence(T2), NotTestable)
 
 
+def test_04_comparisons_are_gated_by_the_regime(tmp_path):
+    """Outside the paper's regime (the best naive model does not beat the trigram clearly) the comparison claims are
+    not testable with the measured levels in the reason; inside it they are scored; active experts is not gated."""
+    runs = pd.DataFrame(dict(seed=range(5), final_experts=[6, 7, 8, 7, 7], mean_active=1.5, test_loss=2.0))
+    grid = _grid([7, 7, 8])                                   # best seed-mean 2.49 (E = 16), seed s.d. ~0
+    best = grid.groupby(["num_experts", "top_k"]).test_loss.mean().min()
+    for sub, trigram, ok in (("in", best + 0.05, True), ("out", best + 0.001, False), ("worse", best - 0.1, False)):
+        (tmp_path / sub).mkdir()
+        noisy = grid.assign(test_loss=grid.test_loss + 0.01 * grid.seed)      # seed s.d. 0.01 at every E
+        refs = pd.DataFrame(dict(name=["Bayes", "trigram", "trigram"], fit_on=["exact", "targets", "all"],
+                                 target_nll=[1.5, trigram + 0.01, trigram + 0.2]))
+        refs.loc[1, "target_nll"] = trigram + 0.01            # the best trigram is the comparison level
+        T = _folder(tmp_path / sub, {"fig2_naive_grid": noisy, "fig2_mass_runs": runs, "data_reference_levels": refs})
+        r = nb04.regime(T)
+        assert r["ok"] is ok and np.isclose(r["trigram"], trigram + 0.01) and r["bayes"] == 1.5, sub
+        rec = evaluate(_claim(nb04, "pool_near_elbow"), T)
+        assert (rec["verdict"] == "not testable") == (not ok), (sub, rec["verdict"])
+        if not ok:
+            assert "outside the paper's regime" in rec["reason"] and f"{trigram + 0.01:.3f}" in rec["reason"]
+        assert evaluate(_claim(nb04, "active_experts_per_token"), T)["verdict"] != "not testable"
+
+
 def test_04_elbow_is_not_testable_on_a_flat_frontier(tmp_path):
     rng = np.random.default_rng(0)
     grid = pd.DataFrame([dict(num_experts=E, top_k=2, seed=s, test_loss=2.5 - 0.001 * E + 0.02 * rng.standard_normal())

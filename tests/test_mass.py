@@ -61,11 +61,18 @@ def _single_model_reference(model, m, tokens):
         d, H = model.d, model.h
         ln = lambda x, n: F.layer_norm(x, (d,)) * model.ln[f"{n}_g"][m] + model.ln[f"{n}_b"][m]
         x = model.emb[m][tokens] + model.pe[:S]
-        q, k, v = (ln(x, "ln1") @ model.wqkv[m].T).split(d, -1)
         heads = lambda t: t.reshape(B, S, H, d // H).transpose(1, 2)
-        att = torch.softmax((heads(q) @ heads(k).transpose(-1, -2)) / math.sqrt(d // H)
-                            + torch.triu(torch.full((S, S), float("-inf")), 1), -1) @ heads(v)
-        h = x + att.transpose(1, 2).reshape(B, S, d) @ model.wo[m].T
+
+        def attn(xn, wqkv, wo):
+            q, k, v = (xn @ wqkv.T).split(d, -1)
+            att = torch.softmax((heads(q) @ heads(k).transpose(-1, -2)) / math.sqrt(d // H)
+                                + torch.triu(torch.full((S, S), float("-inf")), 1), -1) @ heads(v)
+            return att.transpose(1, 2).reshape(B, S, d) @ wo.T
+
+        for l in range(model.L - 1):
+            xn = F.layer_norm(x, (d,)) * model.pre_ln_g[m, l] + model.pre_ln_b[m, l]
+            x = x + attn(xn, model.pre_wqkv[m, l], model.pre_wo[m, l])
+        h = x + attn(ln(x, "ln1"), model.wqkv[m], model.wo[m])
         u = ln(h, "ln2").reshape(-1, d)
         y = torch.zeros_like(u)
         act = model.active[m]
@@ -88,6 +95,26 @@ def test_stacked_forward_matches_per_model_loop():
     out = model(tokens)
     for m in range(3):
         torch.testing.assert_close(out[m], _single_model_reference(model, m, tokens), atol=1e-5, rtol=1e-5)
+
+
+def test_deeper_stack_matches_loop_and_keeps_one_layer_init():
+    """attn_layers=3: two attention-only blocks before the MoE block, against the loop reference; the L = 1 part of
+    the initialisation is the one-layer model's (same seed, same weights)."""
+    deep = StackedMoETransformer(2, 11, 8, 2, 6, 4, num_experts=[2, 4], top_k=[1, 2], seeds=[3, 4], attn_layers=3)
+    with torch.no_grad():                          # non-trivial LN parameters, so the reference checks their use
+        deep.pre_ln_g.mul_(1.5).add_(0.1 * torch.randn_like(deep.pre_ln_g))
+        deep.pre_ln_b.add_(0.1 * torch.randn_like(deep.pre_ln_b))
+    tokens = torch.randint(0, 11, (2, 6), generator=torch.Generator().manual_seed(1))
+    out = deep(tokens)
+    for m in range(2):
+        torch.testing.assert_close(out[m], _single_model_reference(deep, m, tokens), atol=1e-5, rtol=1e-5)
+    one = StackedMoETransformer(2, 11, 8, 2, 6, 4, num_experts=[2, 4], top_k=[1, 2], seeds=[3, 4])
+    for k in ("emb", "wqkv", "wo", "gate", "w1", "dec"):
+        torch.testing.assert_close(getattr(deep, k), getattr(one, k))
+    _nll(deep(tokens[:, :-1]), tokens).sum().backward()
+    assert deep.pre_wqkv.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="attn_layers=0"):
+        StackedMoETransformer(1, 11, 8, 2, 6, 4, num_experts=1, top_k=1, attn_layers=0)
 
 
 def test_models_are_independent_and_seeded():

@@ -1,12 +1,13 @@
 """MASS synthetic runs on the paper's in-context format (moelab.mass.experiment; notebook 04): target-token loss
 against a loop, tiny naive and MASS runs, the config entry point."""
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
 
 from moelab.mass import (MassConfig, MassExpander, StackedMoETransformer, SynthSetup, _nll, collect_routing, evaluate_stacked,
-                         run_from_config, run_mass, run_naive)
+                         run_from_config, run_mass, run_naive, run_naive_groups)
 
 
 def test_masked_nll_matches_loop():
@@ -94,3 +95,25 @@ def test_default_stopping_loss_is_the_models_batch_nll():
     gap = float(view_val) - float(model._last_losses[1])
     ex._act(2, model, None, 1, (0, 1e-4, 0.0))                    # tested now: remove + expand, or expand
     assert int(model.active[1].sum()) == (3 if gap <= 0 else 4) and int(model.active[0].sum()) == 1
+
+
+def test_run_naive_groups_equals_run_naive_and_uses_the_cache():
+    """Grouped by expert count (each group cached on its own) = one run_naive call over all configs."""
+    s = SynthSetup(d_model=8, n_heads=2, batch_size=4, steps=6, n_test=8, max_experts=4, data_format="incontext",
+                   n_examples=2, example_len=3, loss_on="all")
+    configs = [(1, 1, 0), (2, 2, 0), (4, 2, 0), (2, 1, 1)]
+    ref = run_naive(s, configs, keep_routing=True)
+    calls = []
+
+    def cache(kind, key, compute):
+        calls.append((kind, key["configs"]))
+        return compute()
+
+    got = run_naive_groups(s, configs, keep_routing=True, cache=cache)
+    assert [c[1] for c in calls] == [[(1, 1, 0)], [(2, 2, 0), (2, 1, 1)], [(4, 2, 0)]]
+    pd.testing.assert_frame_equal(got["table"][["num_experts", "top_k", "seed"]],
+                                  ref["table"][["num_experts", "top_k", "seed"]])
+    np.testing.assert_allclose(got["table"].test_loss, ref["table"].test_loss, atol=1e-5)
+    np.testing.assert_allclose(got["item_losses"], ref["item_losses"], atol=1e-5)
+    for i in range(len(configs)):
+        np.testing.assert_allclose(got["probs"][i], ref["probs"][i], atol=1e-5)

@@ -38,7 +38,7 @@ from moelab.mass.method import (DynMoEAdapter, MassConfig, MassExpander, MassLay
 from moelab.seed import seed_everything
 
 __all__ = ["sinusoidal_positions", "StackedMoETransformer", "train_stacked", "lr_factor", "LR_DECAYS",
-           "eval_per_sequence", "evaluate_stacked", "collect_routing", "SynthSetup", "EVAL_SPLITS", "reference_levels",
+           "run_naive_groups", "eval_per_sequence", "evaluate_stacked", "collect_routing", "SynthSetup", "EVAL_SPLITS", "reference_levels",
            "run_naive", "run_mass", "run_from_config", "GLUE_METHODS", "GlueStandinConfig", "MiniLMClassifier",
            "glue_standin", "run_glue_standin"]
 
@@ -61,11 +61,19 @@ class StackedMoETransformer(torch.nn.Module):
     x = Emb[tok] + PE;  h = x + Attn(LN(x));  u = LN(h);  p = softmax(W_g u)  [M, N, E];
     y = h + sum_e w_e(p) SiLU(W1_e u + b1_e);  logits = Dec(LN(y)).
     ``num_experts`` [M]: initially active slots per model; ``top_k`` [M] (naive) or ``top_p`` (MASS) routing.
+
+    ``attn_layers`` (default 1, the paper's single layer): with L > 1, L - 1 attention-only residual blocks
+    x <- x + Attn_l(LN_l(x)) run before the block above (its attention is the L-th), so the model can form the
+    two-layer induction circuits in-context inference needs; the MoE layer, and so everything MASS edits, is
+    unchanged.  The extra blocks draw their initial weights from a separate generator stream, so L = 1 models are
+    identical to the one-layer model of the same seed.
     """
 
     def __init__(self, n_models: int, vocab: int, d_model: int, n_heads: int, seq_len: int, max_experts: int,
-                 num_experts, top_k=None, top_p: float | None = None, seeds=None):
+                 num_experts, top_k=None, top_p: float | None = None, seeds=None, attn_layers: int = 1):
         super().__init__()
+        if attn_layers < 1:
+            raise ValueError(f"attn_layers={attn_layers} must be >= 1 (1: the paper's one-layer model)")
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
         num_experts = torch.as_tensor(num_experts, dtype=torch.long).reshape(-1).expand(n_models).clone()
@@ -99,6 +107,17 @@ class StackedMoETransformer(torch.nn.Module):
             per["dec"].append(torch.randn(vocab, d_model, generator=g) / math.sqrt(d_model))
         for k in shapes:
             setattr(self, k, torch.nn.Parameter(torch.stack(per[k])))
+        self.L = int(attn_layers)
+        if self.L > 1:                                    # extra attention-only blocks [M, L-1, ...]
+            pre_q, pre_o = [], []
+            for s in seeds:
+                g = torch.Generator().manual_seed(10_007 + int(s))
+                pre_q.append(torch.randn(self.L - 1, 3 * d_model, d_model, generator=g) / math.sqrt(d_model))
+                pre_o.append(torch.randn(self.L - 1, d_model, d_model, generator=g) / math.sqrt(d_model))
+            self.pre_wqkv = torch.nn.Parameter(torch.stack(pre_q))
+            self.pre_wo = torch.nn.Parameter(torch.stack(pre_o))
+            self.pre_ln_g = torch.nn.Parameter(torch.ones(n_models, self.L - 1, d_model))
+            self.pre_ln_b = torch.nn.Parameter(torch.zeros(n_models, self.L - 1, d_model))
         self.ln = torch.nn.ParameterDict({f"{n}_{w}": torch.nn.Parameter(torch.full((n_models, d_model), float(w == "g")))
                                           for n in ("ln1", "ln2", "ln3") for w in ("g", "b")})
         self.last_probs = self.last_weights = None
@@ -106,6 +125,15 @@ class StackedMoETransformer(torch.nn.Module):
     def _ln(self, x, name):
         g, b = self.ln[f"{name}_g"], self.ln[f"{name}_b"]
         return F.layer_norm(x, x.shape[-1:]) * g[:, None, None, :] + b[:, None, None, :]
+
+    def _attention(self, x: torch.Tensor, wqkv: torch.Tensor, wo: torch.Tensor) -> torch.Tensor:
+        """Causal multi-head self-attention of LN'd x [M, B, S, d] with per-model wqkv [M, 3d, d], wo [M, d, d]."""
+        M, B, S, d = x.shape
+        H = self.h
+        qkv = torch.einsum("mbsd,mfd->mbsf", x, wqkv)
+        q, k, v = (t.reshape(M * B, S, H, d // H).transpose(1, 2) for t in qkv.split(d, dim=-1))
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)              # causal: next-token prediction
+        return torch.einsum("mbsd,med->mbse", att.transpose(1, 2).reshape(M, B, S, d), wo)
 
     def route(self, u: torch.Tensor, active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """u [M, N, d] -> (probs [M, N, E], weights [M, N, E]); free slots get probability 0."""
@@ -124,12 +152,12 @@ class StackedMoETransformer(torch.nn.Module):
         if tokens.ndim != 2 or tokens.shape[1] > self.pe.shape[0]:
             raise ValueError(f"tokens must be [B, S<= {self.pe.shape[0]}], got {tuple(tokens.shape)}")
         active = self.active if active is None else active
-        M, (B, S), d, H = self.M, tokens.shape, self.d, self.h
+        M, (B, S), d = self.M, tokens.shape, self.d
         x = self.emb[:, tokens] + self.pe[:S]                                        # [M, B, S, d]
-        qkv = torch.einsum("mbsd,mfd->mbsf", self._ln(x, "ln1"), self.wqkv)
-        q, k, v = (t.reshape(M * B, S, H, d // H).transpose(1, 2) for t in qkv.split(d, dim=-1))
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)              # causal: next-token prediction
-        h = x + torch.einsum("mbsd,med->mbse", att.transpose(1, 2).reshape(M, B, S, d), self.wo)
+        for l in range(self.L - 1):                                                 # attention-only blocks
+            xn = F.layer_norm(x, (d,)) * self.pre_ln_g[:, l, None, None] + self.pre_ln_b[:, l, None, None]
+            x = x + self._attention(xn, self.pre_wqkv[:, l], self.pre_wo[:, l])
+        h = x + self._attention(self._ln(x, "ln1"), self.wqkv, self.wo)
         u = self._ln(h, "ln2").reshape(M, B * S, d)
         probs, weights = self.route(u, active)
         # expert outputs SiLU(W1_e u + b1_e)  [M, N, E, d]; y = sum_e w_e * out_e  [M, N, d]
@@ -308,7 +336,8 @@ class SynthSetup:
     ``loss_on="targets"``, on every next token with "all"; the model's input length is n_examples (example_len+1) - 2
     and ``seq_len`` is ignored).  ``entity_switch``: :class:`moelab.mass.data.GINCConfig`'s switching rule.
     ``eval_split``: which held-out draw :meth:`data` returns as its third element ("test": seed data_seed + 1000;
-    "validation": data_seed + 2000, the only split model settings are chosen on, ``scripts/tune_04.py``)."""
+    "validation": data_seed + 2000, the only split model settings are chosen on, ``scripts/tune_04.py``).
+    ``attn_layers``: attention layers of :class:`StackedMoETransformer` (1: the paper's one-layer model)."""
     d_model: int = 32
     n_heads: int = 2
     seq_len: int = 16
@@ -326,8 +355,11 @@ class SynthSetup:
     loss_on: str = "targets"
     entity_switch: str = "t1"
     eval_split: str = "test"
+    attn_layers: int = 1
 
     def __post_init__(self):
+        if self.attn_layers < 1:
+            raise ValueError(f"attn_layers={self.attn_layers} must be >= 1 (1: the paper's one-layer model)")
         if self.eval_split not in EVAL_SPLITS:
             raise ValueError(f"eval_split={self.eval_split!r} must be one of {EVAL_SPLITS} (tune on 'validation')")
         if self.data_format not in DATA_FORMATS:
@@ -420,7 +452,8 @@ def run_naive(setup: SynthSetup, configs: list[tuple[int, int, int]], keep_routi
         cf = [configs[i] for i in idx]
         model = StackedMoETransformer(len(cf), g.cfg.n_symbols, setup.d_model, setup.n_heads, setup.input_len, slots,
                                       num_experts=[c[0] for c in cf], top_k=[c[1] for c in cf],
-                                      seeds=[1000 * c[2] + 17 * c[0] + c[1] for c in cf])
+                                      seeds=[1000 * c[2] + 17 * c[0] + c[1] for c in cf],
+                                      attn_layers=setup.attn_layers)
         h = train_stacked(model, tr_tok, steps=setup.steps, batch_size=setup.batch_size, lr=setup.lr,
                           seed=setup.data_seed, desc=f"naive {len(cf)} models, {slots} slots", loss_mask=tr_mask,
                           decay=setup.lr_decay)
@@ -436,6 +469,34 @@ def run_naive(setup: SynthSetup, configs: list[tuple[int, int, int]], keep_routi
     table["test_loss"], table["test_full_loss"], table["test_acc"] = items.mean(1), full, acc
     return dict(table=table, item_losses=items, history=pd.concat(hists, ignore_index=True), routing=routing,
                 probs=probs)
+
+
+def run_naive_groups(setup: SynthSetup, configs: list[tuple[int, int, int]], keep_routing: bool = False,
+                     cache=None) -> dict:
+    """:func:`run_naive` one expert count at a time, each group through ``cache(kind, key, compute)`` (e.g.
+    :func:`moelab.cache.memo`; None: no cache), so a stopped long profile resumes group by group (issue 18: "full ...
+    resumable run by run").  Same return value as :func:`run_naive` on all ``configs``, in their order; each group's
+    models get the seeds :func:`run_naive` gives them, so the numbers do not depend on the grouping except through
+    stacking (models are independent)."""
+    groups: dict[int, list[int]] = {}
+    for i, (E, _, _) in enumerate(configs):
+        groups.setdefault(E, []).append(i)
+    items = np.zeros((len(configs), setup.n_test))
+    tables, hists, routing, probs = [None] * len(configs), [], {}, {}
+    for E, idx in groups.items():
+        cf = [tuple(configs[i]) for i in idx]
+        compute = (lambda cf=cf: run_naive(setup, cf, keep_routing=keep_routing))
+        res = compute() if cache is None else cache("mass_naive_group", dict(setup=vars(setup), configs=cf,
+                                                                              keep_routing=keep_routing), compute)
+        items[idx] = res["item_losses"]
+        for j, i in enumerate(idx):
+            tables[i] = res["table"].iloc[j]
+            if keep_routing:
+                routing[i], probs[i] = res["routing"][j], res["probs"][j]
+        hists.append(res["history"])
+    return dict(table=pd.DataFrame(tables).reset_index(drop=True).astype(
+                    {"num_experts": int, "top_k": int, "seed": int}),
+                item_losses=items, history=pd.concat(hists, ignore_index=True), routing=routing, probs=probs)
 
 
 def run_mass(setup: SynthSetup, mass_cfg: MassConfig, seeds, init_experts: int | None = None,
@@ -454,7 +515,7 @@ def run_mass(setup: SynthSetup, mass_cfg: MassConfig, seeds, init_experts: int |
     R = len(seeds)
     model = StackedMoETransformer(R, g.cfg.n_symbols, setup.d_model, setup.n_heads, setup.input_len,
                                   mass_cfg.max_experts, num_experts=init, top_p=top_p,
-                                  seeds=[5000 + 1000 * s for s in seeds])
+                                  seeds=[5000 + 1000 * s for s in seeds], attn_layers=setup.attn_layers)
     ex = MassExpander(mass_cfg, R)
     hist = train_stacked(model, tr_tok, steps=setup.steps, batch_size=setup.batch_size, lr=setup.lr,
                          seed=setup.data_seed, aux_loss=ex.redundancy_loss, after_backward=ex.after_backward,

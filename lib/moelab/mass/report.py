@@ -8,15 +8,40 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from scipy import stats
 
 from moelab.stats import bootstrap_ci, jensen_shannon
 
 __all__ = ["frontier", "frontier_bands", "frontier_spread", "routing_jsd", "jsd_points", "jsd_table", "pool_trace",
            "max_reachable_pool", "plot_fig2", "plot_fig3", "plot_appc", "plot_expansion_trace", "glue_summary",
-           "plot_glue_standin"]
+           "plot_glue_standin", "regime"]
 
 
 # ----------------------------------------------------------------------------------------------- analysis
+def regime(grid: pd.DataFrame, refs: pd.DataFrame | None) -> dict:
+    """Is the synthetic stand-in in the paper's regime (issue 18 item 2: the models learn the task and beat simple
+    baselines)?  The best naive configuration (lowest seed-mean target NLL in ``grid``: num_experts, top_k, seed,
+    test_loss) must beat the best trigram of ``refs`` (:func:`moelab.mass.reference_levels`) clearly: the upper end of
+    the 95% t-interval of its per-seed target NLL below the trigram's.  Returns dict(ok, best, best_E, best_k, upper,
+    n_seeds, trigram, bayes, reason); ``ok`` is None without ``refs``.  Notebook 04 section 2; the claims of
+    ``moelab.claims.defs.nb04_mass`` that compare models are `not testable` when ``ok`` is False."""
+    E, k = grid.groupby(["num_experts", "top_k"]).test_loss.mean().idxmin()
+    v = grid[(grid.num_experts == E) & (grid.top_k == k)].test_loss.to_numpy(float)
+    mean = float(v.mean())
+    half = float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else np.inf
+    out = dict(ok=None, best=mean, best_E=int(E), best_k=int(k), upper=mean + half, n_seeds=len(v), trigram=None,
+               bayes=None, reason="no reference levels")
+    if refs is None:
+        return out
+    out["trigram"] = float(refs[refs.name == "trigram"].target_nll.min())
+    out["bayes"] = float(refs[refs.name == "Bayes"].target_nll.iloc[0])
+    out["ok"] = bool(out["upper"] < out["trigram"])
+    out["reason"] = (f"the best naive model (E={E}, top-{k}: {mean:.3f} nats per target, 95% upper bound "
+                     f"{out['upper']:.3f}, {len(v)} seeds) {'beats' if out['ok'] else 'does not clearly beat'} the "
+                     f"trigram baseline ({out['trigram']:.3f}); Bayes floor {out['bayes']:.3f}")
+    return out
+
+
 def frontier(df: pd.DataFrame, x: str = "num_experts", y: str = "test_loss") -> pd.DataFrame:
     """Best run (lowest test loss) per expert count: the paper's 'optimal frontier' (MASS Sec. 4.3, Fig. 2; notebook 04)."""
     if df.empty:

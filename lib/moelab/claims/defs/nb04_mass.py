@@ -15,6 +15,7 @@ import pandas as pd
 
 from moelab.claims import ByConstruction, Claim, Insufficient, Level, NotTestable, Seeds
 from moelab.mass import elbow_max_chord, frontier, frontier_bands, frontier_spread  # noqa: F401  (frontier: API)
+from moelab.mass import regime as mass_regime
 
 # An expert count is an integer; the paper says "near or below the elbow" without a spread, and per-seed elbows of a
 # frontier move by 1-3 experts between seeds: +-2 experts is the smallest band that a seed change of the frontier
@@ -30,6 +31,24 @@ ARITHMETIC_POOL = 2
 # The routing reading of the paper's Fig. 3 ("routing distributions": the gate's softmax); the post-top-p weights are
 # saved beside it (routing == "post-top-p/top-k weights") and shown, not scored.
 JSD_ROUTING = "gate softmax"
+
+
+def regime(T) -> dict:
+    """:func:`moelab.mass.regime` of the run's naive grid and reference levels (None without the latter)."""
+    refs = T.csv("data_reference_levels") if T.has("data_reference_levels") else None
+    return mass_regime(T.csv("fig2_naive_grid"), refs)
+
+
+def _gated(evidence):
+    """``evidence`` only inside the paper's regime (:func:`regime`); outside it, NotTestable with the measured reason:
+    a comparison of models that learn no more than local statistics is not evidence about MASS."""
+    def gated(T):
+        r = regime(T)
+        if r["ok"] is False:
+            return NotTestable(f"outside the paper's regime: {r['reason']}")
+        return evidence(T)
+    gated.__doc__ = evidence.__doc__
+    return gated
 
 
 def _n_test(T) -> int | None:
@@ -142,7 +161,7 @@ CLAIMS = [
                         "the paper gives no spread",
           note="'or below' is not scored: a pool that never grows is below any elbow (issue 18: the router did not "
                "learn); the elbow is treated as fixed (its seed spread is checked, not propagated)",
-          legacy="MASS settles near the elbow of the naive frontier", evidence=elbow_evidence),
+          legacy="MASS settles near the elbow of the naive frontier", evidence=_gated(elbow_evidence)),
     # Sec. 4.3 Results: "it consistently matches or surpasses the best-performing static MoE baselines" (Fig. 2
     # left; no number in the text). Qualitative: MASS's test loss <= the best static model's, expected sign -1.
     Claim(id="mass_vs_best_static",
@@ -152,7 +171,7 @@ CLAIMS = [
           note="paper text: 'consistently matches or surpasses the best-performing static MoE baselines' (no "
                "number); best static = lowest mean test loss over its seeds (chosen on the same test documents, "
                "which favours the static arm)",
-          legacy="MASS matches or beats the best static MoE (test loss)", evidence=best_static_evidence),
+          legacy="MASS matches or beats the best static MoE (test loss)", evidence=_gated(best_static_evidence)),
     # Sec. 4.3 Results: "MASS with Top-p routing achieves comparable or better results, with 3.9 active experts per
     # token in average" (Fig. 2 right, at the paper's mean pool of 12.4).
     Claim(id="active_experts_per_token",
@@ -172,7 +191,8 @@ CLAIMS = [
           note="paper text: 'MASS exhibits significantly higher JSD in both dimensions' (Fig. 3, no number); naive "
                "runs = the top-k sweep at MASS's mean pool; routing = the gate's softmax (the paper's routing distribution; "
                "the post-top-p weights are shown beside it, not scored)",
-          legacy="MASS has higher entity-level routing JSD than naive MoE", evidence=jsd_evidence("entity_jsd")),
+          legacy="MASS has higher entity-level routing JSD than naive MoE",
+          evidence=_gated(jsd_evidence("entity_jsd"))),
     Claim(id="property_jsd_mass_vs_naive",
           claim="MASS has higher property-level routing JSD than naive MoE",
           paper_ref="Sec. 4.3 Results, Fig. 3 (y-axis: property-level JSD)",
@@ -181,7 +201,8 @@ CLAIMS = [
           note="paper text: 'MASS exhibits significantly higher JSD in both dimensions' (Fig. 3, no number); naive "
                "runs = the top-k sweep at MASS's mean pool; routing = the gate's softmax (the paper's routing distribution; "
                "the post-top-p weights are shown beside it, not scored)",
-          legacy="MASS has higher property-level routing JSD than naive MoE", evidence=jsd_evidence("property_jsd")),
+          legacy="MASS has higher property-level routing JSD than naive MoE",
+          evidence=_gated(jsd_evidence("property_jsd"))),
     # Sec. 4.4 Language task, Fig. 4: "MASS consistently matches or outperforms other MoE variants across all five
     # GLUE tasks, achieving the highest average top-1 accuracy" (Fig. 4; numbers not in the text). Split per baseline.
     Claim(id="glue_mass_vs_cosine",
