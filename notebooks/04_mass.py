@@ -53,7 +53,7 @@ from moelab import mass as ms
 from moelab.cache import memo
 
 run = moelab.start_run("04_mass", profile=PROFILE, seed=SEED)
-# Model settings chosen on the validation split only (scripts/tune_04.py; figures/04_mass/tuning/): see section 2.
+# Model settings chosen on the validation split only (scripts/tune_04.py; data/tuning/04_mass/): see section 2.
 MODEL = dict(d_model=64, n_heads=4, batch_size=32, lr=1e-2, lr_decay="cosine", loss_on="all")
 DATA = dict(data_format="incontext", n_examples=4, example_len=5, entity_switch="uniform", max_experts=16)
 COUNTS8 = [1, 2, 3, 4, 6, 8, 12, 16]   # the tuning frontier's expert counts (default and full: the CPU budget)
@@ -141,7 +141,7 @@ print(f"Format: {setup.n_examples} examples of {setup.example_len} tokens ({setu
 # are `not testable` with the measured levels as the reason.
 
 # %%
-tuning_file = Path(moelab.__file__).resolve().parents[2] / "figures" / "04_mass" / "tuning" / "tuning_summary.json"
+tuning_file = Path(moelab.__file__).resolve().parents[2] / "data" / "tuning" / "04_mass" / "tuning_summary.json"
 tuned = json.loads(tuning_file.read_text()) if tuning_file.exists() else {}
 display(pd.DataFrame(tuned.get("summary", [])))
 ch = tuned.get("choice")

@@ -16,7 +16,7 @@ Stages (run in this order; a candidate already in the CSV is skipped, so the scr
   choose:   no training; writes the choice and its criteria (gap to the Bayes floor and to the trigram, spread / s.d.)
             into tuning_summary.json
 
-Writes figures/04_mass/tuning/tuning_runs.csv (one row per model) and tuning_summary.json (references, per-candidate
+Writes data/tuning/04_mass/tuning_runs.csv (one row per model) and tuning_summary.json (references, per-candidate
 summary, the choice and its criterion, provenance: commit, command, threads, CPU seconds, date).
 
 Run (1 thread; about 2-5 CPU minutes per screening candidate on the 2-core project machine):
@@ -42,7 +42,7 @@ import torch
 from moelab import mass as ms
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "figures" / "04_mass" / "tuning"
+OUT = ROOT / "data" / "tuning" / "04_mass"     # not under figures/04_mass/: publishing a run replaces that folder
 DATA = dict(data_format="incontext", n_examples=4, example_len=5, entity_switch="uniform", n_test=512,
             max_experts=16, n_heads=2, eval_split="validation")
 # candidate name -> SynthSetup fields (everything not named here: DATA)
