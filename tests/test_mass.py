@@ -397,3 +397,14 @@ def test_glue_loader_reads_official_tsv_layout(tmp_path):
     (tmp_path / "bert" ).mkdir()
     (tmp_path / "bert" / "config.json").write_text("{}")
     assert bert_large_path(tmp_path / "bert") == tmp_path / "bert"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_stacked_forward_matches_cpu():
+    """The stacked synthetic model (two attention layers, top-p routing) on CUDA equals its CPU forward."""
+    model = StackedMoETransformer(2, 11, 8, 2, 6, 4, num_experts=[2, 4], top_p=0.5, seeds=[0, 1], attn_layers=2)
+    tokens = torch.randint(0, 11, (3, 6), generator=torch.Generator().manual_seed(0))
+    ref = model(tokens)
+    got = model.cuda()(tokens.cuda()).cpu()
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
