@@ -212,14 +212,20 @@ def test_run_text_condition_tiny(tiny_st):
     assert not any("experts" in n for n, _ in tiny_st.named_parameters())
 
 
-def test_text_experiment_seeds_cache_and_benchmarks(tiny_st, tmp_path, monkeypatch):
+def tiny_pairs_and_bench(n_train: int = 40):
+    """Word-pair train/test splits and a one-benchmark suite (an STS set over the test pairs) for text_experiment."""
     from moelab.suite.embed import Benchmark
-    monkeypatch.setenv("MOELAB_CACHE", str(tmp_path))
     words = "cat dog river music bank money tree house car road rain sun".split()
-    pairs = {"train": [(f"{a} {b}", f"{b} {a}") for a in words for b in words][:40],
+    pairs = {"train": [(f"{a} {b}", f"{b} {a}") for a in words for b in words][:n_train],
              "test": [(f"{a} and {b}", f"{b} or {a}") for a, b in zip(words, words[1:])]}
     bench = {"tiny_sts": Benchmark("tiny_sts", "sts", [p[0] for p in pairs["test"]], [p[1] for p in pairs["test"]],
                                    gold=np.linspace(0, 1, len(pairs["test"])))}
+    return pairs, bench
+
+
+def test_text_experiment_seeds_cache_and_benchmarks(tiny_st, tmp_path, monkeypatch):
+    monkeypatch.setenv("MOELAB_CACHE", str(tmp_path))
+    pairs, bench = tiny_pairs_and_bench(40)
     kw = dict(calib_texts=20, calib_tokens=200, n_test=8, n_probe=8, benchmarks=bench, bench_all_seeds=False,
               steps=1, batch_size=4, max_len=16, num_experts=2, top_k=1)
     with warnings.catch_warnings():

@@ -8,6 +8,9 @@ the upcycled models through :mod:`moelab.train`, evaluation, caching and seeds.
 * Vision stand-in: a small ViT pretrained here on Fashion-MNIST stands in for CLIP ViT-B (:func:`pretrain_vit`,
   :func:`vision_experiment`; few-shot probes and fine-tuning on CIFAR-10 in grey 28x28).
 * The special-token handling of the calibration set, compared (:func:`special_token_logs`).
+* The training settings (learning rate, steps, batch) chosen on the validation pairs for the sparse baseline by
+  ``scripts/tune_03.py`` and read back by :func:`tuned_settings` (the same for every method); the EESD decay follows
+  from the number of steps (:func:`eesd_decay_for`).
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import copy
 import json
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -42,7 +46,7 @@ from .method import DEFAULT_SPECIAL_TOKENS, EESD, SPECIAL_TOKENS, SpecialTokenCl
 __all__ = [
     "METHODS", "infonce_loss", "make_loss_fn", "upcycle", "build_model", "trainable_ffn_params", "encode",
     "retrieval_r1", "trajectory_steps", "run_text_condition", "text_calibration", "text_experiment",
-    "run_from_config", "special_token_logs",
+    "run_from_config", "run_summary", "special_token_logs", "TUNED_KEYS", "tuned_settings", "eesd_decay_for",
     "VIT_SMALL", "VISION_METHODS", "VISION_COLUMNS", "make_vit", "make_cls_loss_fn", "train_classifier",
     "vit_outputs", "pretrain_vit", "vit_calibration", "few_shot_indices", "few_shot_probe", "finetune_accuracy",
     "run_vision_condition", "vision_experiment",
@@ -203,22 +207,28 @@ def run_text_condition(st_dense, method: str, seed: int, train_pairs, test_pairs
                        steps: int, batch_size: int = 16, lr: float = 1e-4, max_len: int = 32, energy: float = 0.95,
                        eesd_decay: float = 0.95, eesd_weight: float = 0.1, aux_coef: float = 0.01,
                        benchmarks=None, num_experts: int = 8, top_k: int = 2, special_mask=None,
-                       special_tokens: str = DEFAULT_SPECIAL_TOKENS, entropy_points: int = 7) -> dict:
+                       special_tokens: str = DEFAULT_SPECIAL_TOKENS, entropy_points: int = 7,
+                       r1_at_init: bool = True) -> dict:
     """One cell of the zero-shot table analogue (notebook 03): build, (train), evaluate, analyse.
 
     The analyses (:func:`moelab.cluster_upcycling.analysis.moe_analyses`) run on the fixed held-out token set
     ``probe_texts`` at initialisation (``analysis_init``) and at the end (``analysis``); the routing entropy on the
     same held-out batch at :func:`trajectory_steps` ``(steps, entropy_points)`` (``entropy_heldout``: rows of step,
-    moe_layer, routing_entropy; step 0 = initialisation). Returns plain data: per-item R@1 both ways, suite benchmark
-    scores, training history (with the training batches' routing entropy per step), the analyses, the cluster-aware
-    init log.
+    moe_layer, routing_entropy; step 0 = initialisation). R@1 is measured at the end (``r1``) and, with
+    ``r1_at_init``, also on the initialised model before any training (``r1_init``: an upcycling's damage at
+    initialisation, e.g. Drop-Upcycling's; issue 21 item 3; for the untrained ``"dense"`` model the two are the same
+    measurement). Returns plain data: per-item R@1 both ways, suite benchmark scores, training history (with the
+    training batches' routing entropy per step), the analyses, the cluster-aware init log.
     """
+    t0 = time.perf_counter()
     seed_everything(seed)
     model, ci = build_model(st_dense, method, calib, seed, num_experts, top_k, energy, special_mask=special_mask,
                             special_tokens=special_tokens)
     heldout = heldout_batches(model, list(probe_texts), max_len)  # the fixed held-out token set
     res = {"method": method, "seed": seed, "init_log": ci.log if ci else None, "special_tokens": special_tokens}
     res["analysis_init"] = moe_analyses(model, heldout)
+    if r1_at_init and method != "dense":
+        res["r1_init"] = retrieval_r1(model, test_pairs, max_len)  # the initialised model, before any step
     trajectory = HeldoutEntropy(heldout, trajectory_steps(steps, entropy_points)) if METHODS[method][0] else None
     hist = None
     if trajectory is not None:
@@ -248,8 +258,11 @@ def run_text_condition(st_dense, method: str, seed: int, train_pairs, test_pairs
     res["entropy_heldout"] = trajectory.rows if trajectory is not None else []
     res["analysis"] = moe_analyses(model, heldout)
     res["r1"] = retrieval_r1(model, test_pairs, max_len)
+    if r1_at_init and method == "dense":
+        res["r1_init"] = res["r1"]  # never trained: initialisation and end are one model
     if benchmarks is not None:
         res["benchmarks"] = embed.evaluate(lambda t: encode(model, t, max_len=max_len).numpy(), benchmarks)
+    res["wall_s"] = time.perf_counter() - t0
     return res
 
 
@@ -278,8 +291,9 @@ def text_experiment(st, pairs: dict, methods, seeds, *, calib_texts: int, calib_
     ``n_test`` test pairs and the analyses the first ``n_probe`` test anchors (the fixed held-out token set, never
     trained on, the same for every method). ``eval_split="validation"`` evaluates and analyses on the validation
     pairs instead (for choosing learning rate and steps without touching the test pairs). The untrained ``"dense"``
-    model runs once (first seed); suite benchmarks run for every seed or, with ``bench_all_seeds=False``, the first
-    only. ``kw`` go to :func:`run_text_condition`.
+    model runs once (first seed); suite benchmarks run for every seed (``bench_all_seeds=True``), the first seed only
+    (``False``), or every seed of the methods in a list (``bench_all_seeds=["sparse", "cluster_eesd"]``: the methods a
+    seed-level claim compares) and the first seed of the others. ``kw`` go to :func:`run_text_condition`.
     """
     if special_tokens not in SPECIAL_TOKENS:
         raise ValueError(f"special_tokens must be one of {SPECIAL_TOKENS}, got {special_tokens!r}")
@@ -294,8 +308,9 @@ def text_experiment(st, pairs: dict, methods, seeds, *, calib_texts: int, calib_
     data_key = cache.key([train_pairs, test_pairs])
     out = []
     cells = [(m, s) for m in methods for s in (seeds[:1] if m == "dense" else seeds)]  # untrained dense: no seed
+    every = (lambda m: bench_all_seeds) if isinstance(bench_all_seeds, bool) else set(bench_all_seeds).__contains__
     for method, seed in progress.bar(cells, desc="03 text cells", unit="cell"):
-        bench = benchmarks if (benchmarks is not None and (bench_all_seeds or seed == seeds[0])) else None
+        bench = benchmarks if (benchmarks is not None and (every(method) or seed == seeds[0])) else None
         cfg = {"method": method, "seed": seed, "data": data_key, "calib_texts": calib_texts,
                "calib_tokens": calib_tokens, "n_probe": n_probe, "special_tokens": special_tokens,
                "eval_split": eval_split,
@@ -309,6 +324,44 @@ def text_experiment(st, pairs: dict, methods, seeds, *, calib_texts: int, calib_
     return out
 
 
+TUNED_KEYS = ("lr", "steps", "batch_size")
+
+
+def tuned_settings(folder, fallback: dict) -> dict:
+    """The training settings of notebook 03's text runs (issue 21 item 1): learning rate, steps and batch size chosen
+    on the VALIDATION pairs for the sparse baseline by ``scripts/tune_03.py`` (``<folder>/tuning_summary.json``, key
+    ``choice``), the same for every method; ``fallback`` (a dict with ``lr``, ``steps``, ``batch_size``) when no
+    choice has been made yet. Returns those three settings plus ``source`` (a sentence saying which applies and
+    why) and ``candidate`` (the chosen candidate's name, or None)."""
+    missing = [k for k in TUNED_KEYS if k not in (fallback or {})]
+    if missing:
+        raise ValueError(f"fallback must give {list(TUNED_KEYS)}, it lacks {missing}: {fallback!r}")
+    path = Path(folder) / "tuning_summary.json"
+    hint = "run scripts/tune_03.py --stage screen, then --stage choose"
+    if not path.exists():
+        return {**{k: fallback[k] for k in TUNED_KEYS}, "candidate": None,
+                "source": f"fallback settings: no validation choice at {path} ({hint})"}
+    choice = json.loads(path.read_text()).get("choice")
+    if not choice:
+        return {**{k: fallback[k] for k in TUNED_KEYS}, "candidate": None,
+                "source": f"fallback settings: {path} holds no choice yet ({hint})"}
+    settings = choice.get("settings", {})
+    missing = [k for k in TUNED_KEYS if k not in settings]
+    if missing:
+        raise ValueError(f"{path}: the choice's settings lack {missing}; rerun scripts/tune_03.py --stage choose")
+    return {**{k: settings[k] for k in TUNED_KEYS}, "candidate": choice["candidate"],
+            "source": f"chosen on the validation pairs for sparse upcycling ({choice['candidate']}, {path.name})"}
+
+
+def eesd_decay_for(steps: int) -> float:
+    """EMA decay of EESD's teacher for a run of ``steps`` steps (the poster gives none; notebook 03): the teacher's
+    averaging horizon ``1 / (1 - decay)`` is a tenth of the run, at least 5 steps:
+    ``decay = 1 - 1 / max(5, steps / 10)`` (6 or 24 steps -> 0.8, 120 -> 0.917, 1000 -> 0.99)."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    return 1.0 - 1.0 / max(5.0, steps / 10.0)
+
+
 def run_from_config(config: dict) -> pd.DataFrame:
     """Notebook 03's text experiment as a script (``python -m moelab.launch moelab.cluster_upcycling:run_from_config
     --config cfg.json``; one process). Keys: ``profile`` (the suite's pairs and, with ``benchmarks``, its
@@ -316,8 +369,9 @@ def run_from_config(config: dict) -> pd.DataFrame:
     ``n_probe``, optional ``benchmarks`` (a suite profile or null), ``eval_split`` ("test" or "validation"),
     ``special_tokens``, ``use_cache`` (true), and :func:`run_text_condition`'s settings (``steps``, ``batch_size``,
     ``lr``, ``max_len``, ``energy``, ``eesd_decay``, ``eesd_weight``, ``aux_coef``, ``num_experts``, ``top_k``,
-    ``entropy_points``). Returns one row per (method, seed): R@1 (mean of both directions, %) and, for MoE methods,
-    the held-out router movement and analyses at init and at the end, averaged over MoE layers."""
+    ``entropy_points``, ``r1_at_init``). Returns :func:`run_summary`'s table: one row per (method, seed) with R@1 (mean of
+    both directions, %) at the end and at initialisation and, for MoE methods, the held-out router movement and
+    analyses at init and at the end, averaged over MoE layers."""
     if not isinstance(config, dict) or not config.get("methods") or not config.get("seeds"):
         raise ValueError(f"config must be a dict with non-empty 'methods' and 'seeds', got {config!r}")
     cfg = dict(config)
@@ -327,10 +381,27 @@ def run_from_config(config: dict) -> pd.DataFrame:
     st = assets.load_minilm()
     results = text_experiment(st, embed.pairs(profile), methods, seeds,
                               benchmarks=embed.benchmarks(bench) if bench else None, **cfg)
+    return run_summary(results)
+
+
+def run_summary(results) -> pd.DataFrame:
+    """One row per text run (method, seed): R@1 (mean of both directions, %) at the end and, when measured, at
+    initialisation (``r1_init_avg``); the steps trained, the last 5 steps' mean training loss and the run's wall
+    seconds (build, train, evaluate; for a run served from the cache, the original run's); for MoE methods the
+    held-out router movement (``top1_agreement`` with the init router, averaged over MoE layers) and the analyses at
+    init and at the end averaged over MoE layers (:func:`run_from_config`, ``scripts/tune_03.py``)."""
     rows = []
     for r in results:
         row = {"method": r["method"], "seed": r["seed"],
                "r1_avg": 50 * float(r["r1"]["a2p"].mean() + r["r1"]["p2a"].mean())}
+        if r.get("r1_init") is not None:
+            row["r1_init_avg"] = 50 * float(r["r1_init"]["a2p"].mean() + r["r1_init"]["p2a"].mean())
+        h = r.get("history")
+        if h is not None and len(h):
+            row["steps"] = len(h)
+            row["train_loss_end"] = float(h["loss"].iloc[-5:].mean())  # the last 5 steps' mean
+        if "wall_s" in r:
+            row["wall_s"] = float(r["wall_s"])
         a0, a1 = r["analysis_init"], r["analysis"]
         if a0:
             row["top1_agreement"] = float(np.mean([router_agreement(x, y) for x, y in zip(a0["top1"], a1["top1"])]))
@@ -519,8 +590,9 @@ def run_vision_condition(vit_dense, method: str, seed: int, data: dict, calib: d
     t0 = time.perf_counter()
     logits, _ = vit_outputs(model, data["test_x"])
     res["fmnist_test"] = (logits.argmax(1).numpy() == data["test_y"]).astype(float)
-    _, f_tr = vit_outputs(model, data["cifar_train_x"])
-    _, f_te = vit_outputs(model, data["cifar_test_x"])
+    if cfg["shots"]:  # few-shot probes (issue 21: no signal on this ViT; notebook 03 runs none by default)
+        _, f_tr = vit_outputs(model, data["cifar_train_x"])
+        _, f_te = vit_outputs(model, data["cifar_test_x"])
     for k in cfg["shots"]:
         res[f"cifar_{k}shot"] = few_shot_probe(f_tr.numpy(), data["cifar_train_y"], f_te.numpy(),
                                                data["cifar_test_y"], k, cfg["probe_draws"], seed)
@@ -534,8 +606,9 @@ def run_vision_condition(vit_dense, method: str, seed: int, data: dict, calib: d
 
 def vision_experiment(methods, seeds, cfg: dict, use_cache: bool = True) -> dict:
     """Notebook 03's vision experiment: the ViT is pretrained once (first seed, cached), its FFN inputs collected once
-    (cached), then every (method, seed) cell runs :func:`run_vision_condition` (each cached by its settings; the
-    untrained ``"dense"`` model runs with the first seed only).
+    (cached), then every (method, seed) cell runs :func:`run_vision_condition` (each cached by its settings). The
+    untrained ``"dense"`` model runs with every seed when ``cfg["ft_steps"]`` (its fine-tuning is seeded training),
+    else with the first seed only; ``shots=()`` runs no few-shot probe.
 
     ``cfg`` keys: ``vit``, ``data_profile``, ``pretrain_steps``, ``pretrain_batch``, ``pretrain_lr``,
     ``calib_images``, ``calib_tokens``, ``n_test``, ``n_cifar_train``, ``n_cifar_test``, ``steps``, ``batch_size``,
@@ -562,7 +635,7 @@ def vision_experiment(methods, seeds, cfg: dict, use_cache: bool = True) -> dict
     calib = vit_calibration(vit, data["train_x"], cfg, model_key)
     special = vit_special_mask(len(next(iter(calib.values()))), _tokens_per_image(cfg["vit"]))
     results = []
-    cells = [(m, s) for m in methods for s in (seeds[:1] if m == "dense" else seeds)]
+    cells = [(m, s) for m in methods for s in (seeds[:1] if m == "dense" and not cfg["ft_steps"] else seeds)]
     for method, seed in progress.bar(cells, desc="03 vision cells", unit="cell"):
         key = {"model": model_key, "method": method, "seed": seed, "special_tokens": special_tokens,
                **{k: v for k, v in cfg.items() if k not in ("vit", "methods", "seeds")}}

@@ -13,21 +13,47 @@ import pandas as pd
 from .analysis import router_agreement
 
 __all__ = [
-    "r1_table", "per_item_r1", "benchmark_table", "analysis_table", "router_movement_table", "utilisation_table",
-    "entropy_history", "heldout_entropy_table", "init_table", "special_token_ranks_table", "plot_analysis_panels",
-    "per_item_scores", "vision_table", "plot_vision",
+    "r1_table", "per_item_r1", "init_damage_table", "benchmark_table", "analysis_table", "router_movement_table",
+    "INIT_PROPERTIES", "init_property", "init_end_table", "utilisation_table", "entropy_history",
+    "heldout_entropy_table", "init_table", "special_token_ranks_table", "special_token_summary",
+    "plot_r1_init_end", "plot_analysis_panels",
+    "plot_router_movement", "tuning_summary", "choose_tuned", "per_item_scores", "vision_table", "plot_vision",
 ]
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Text experiment
 # ---------------------------------------------------------------------------------------------------------------
-def r1_table(results) -> pd.DataFrame:
-    """Per (method, seed): R@1 anchor->positive, positive->anchor and their average, in percent."""
-    rows = [{"method": r["method"], "seed": r["seed"], "r1_a2p": 100 * r["r1"]["a2p"].mean(),
-             "r1_p2a": 100 * r["r1"]["p2a"].mean(), "r1_avg": 50 * (r["r1"]["a2p"].mean() + r["r1"]["p2a"].mean())}
-            for r in results]
-    return pd.DataFrame(rows)
+def r1_table(results, when: str = "final") -> pd.DataFrame:
+    """Per (method, seed): R@1 anchor->positive, positive->anchor and their average, in percent, at the end of
+    training (``when="final"``) or on the initialised model before training (``when="init"``; runs without an
+    R@1 at init are left out)."""
+    if when not in ("final", "init"):
+        raise ValueError(f"when must be 'final' or 'init', got {when!r}")
+    key = "r1" if when == "final" else "r1_init"
+    rows = [{"method": r["method"], "seed": r["seed"], "r1_a2p": 100 * r[key]["a2p"].mean(),
+             "r1_p2a": 100 * r[key]["p2a"].mean(), "r1_avg": 50 * (r[key]["a2p"].mean() + r[key]["p2a"].mean())}
+            for r in results if r.get(key) is not None]
+    return pd.DataFrame(rows, columns=["method", "seed", "r1_a2p", "r1_p2a", "r1_avg"])
+
+
+def init_damage_table(r1_init: pd.DataFrame, r1_final: pd.DataFrame, reference: str = "dense") -> pd.DataFrame:
+    """Initialisation damage and its repair (issue 21 item 3; notebook 03), from :func:`r1_table` at ``init`` and
+    at the end: per (method, seed), R@1 (avg of both directions, points) at init and at the end, and their gaps to
+    the untrained ``reference`` model (its seed mean): ``gap_init = R@1_init - R@1_dense``, ``gap_final = R@1_end -
+    R@1_dense``, ``repair = gap_final - gap_init``. Sparse upcycling starts with gap 0 (function-preserving); a
+    negative ``gap_init`` is damage done by the initialisation, a ``gap_final`` >= 0 means training repaired it."""
+    if reference not in set(r1_final["method"]):
+        raise ValueError(f"the reference model {reference!r} is not in the R@1 table (methods: "
+                         f"{sorted(set(r1_final['method']))}); run it too")
+    ref = float(r1_final.loc[r1_final["method"] == reference, "r1_avg"].mean())
+    m = r1_init[["method", "seed", "r1_avg"]].merge(r1_final[["method", "seed", "r1_avg"]], on=["method", "seed"],
+                                                    suffixes=("_init", "_final"))
+    m = m[m["method"] != reference].rename(columns={"r1_avg_init": "r1_init", "r1_avg_final": "r1_final"})
+    m["r1_reference"] = ref
+    m["gap_init"], m["gap_final"] = m["r1_init"] - ref, m["r1_final"] - ref
+    m["repair"] = m["gap_final"] - m["gap_init"]
+    return m.reset_index(drop=True)
 
 
 def per_item_r1(results, method: str) -> np.ndarray:
@@ -108,6 +134,49 @@ def router_movement_table(results) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+CLUSTER_METHODS = ("cluster", "cluster_eesd")
+COPY_METHODS = ("sparse", "sparse_eesd")
+# metric -> [(methods, what the initialisation does to it by definition)] (issue 21 item 2: "a metric that the
+# initialisation optimises by definition is reported as such"); None = every method
+INIT_PROPERTIES = {
+    "relative_compactness": [(CLUSTER_METHODS, "optimised by the init: the centroid router's top-1 is the spherical "
+                                               "k-means assignment, which minimises within-cluster scatter")],
+    "expert_similarity": [(COPY_METHODS, "1 at init by construction (copied experts)")],
+    "expert_output_similarity": [(COPY_METHODS, "1 at init by construction (identical experts)")],
+    "routing_entropy": [(CLUSTER_METHODS, "set by the init: router rows are the unit k-means centroids")],
+    "utilisation_balance": [(CLUSTER_METHODS, "set by the init: the k-means cluster sizes")],
+    "router_agreement": [(None, "1 at init by definition: a movement measure only")],
+}
+
+
+def init_property(metric: str, method: str) -> str:
+    """What the initialisation fixes of ``metric`` for ``method`` by definition (:data:`INIT_PROPERTIES`), or ""."""
+    return "; ".join(text for methods, text in INIT_PROPERTIES.get(metric, []) if methods is None or method in methods)
+
+
+def init_end_table(analysis: pd.DataFrame, metrics=("relative_compactness", "expert_similarity",
+                                                    "expert_output_similarity", "routing_entropy",
+                                                    "utilisation_balance", "router_agreement")) -> pd.DataFrame:
+    """Every analysis at initialisation and at the end, per (method, metric), from :func:`analysis_table`: the mean
+    over seeds of the per-seed mean over MoE layers at ``init`` and ``final``, the change (final - init) with its
+    s.d. over seeds, the number of seeds, and ``at_init``: what the initialisation fixes of that metric by
+    definition (:func:`init_property`; empty when nothing). Metrics the table lacks are skipped."""
+    cols = [m for m in metrics if m in analysis]
+    per = analysis.groupby(["method", "seed", "when"])[cols].mean().reset_index()  # mean over MoE layers
+    rows = []
+    for method in dict.fromkeys(analysis["method"]):
+        sub = per[per["method"] == method]
+        for metric in cols:
+            ini = sub[sub["when"] == "init"].set_index("seed")[metric]
+            fin = sub[sub["when"] == "final"].set_index("seed")[metric]
+            d = (fin - ini).dropna()
+            rows.append({"method": method, "metric": metric, "init": float(ini.mean()), "final": float(fin.mean()),
+                         "change": float(d.mean()) if len(d) else np.nan,
+                         "change_sd": float(d.std(ddof=1)) if len(d) > 1 else np.nan, "seeds": int(len(d)),
+                         "at_init": init_property(metric, method)})
+    return pd.DataFrame(rows)
+
+
 def utilisation_table(results) -> pd.DataFrame:
     """Final share of top-k assignments per (method, seed, moe layer, expert)."""
     rows = [{"method": r["method"], "seed": r["seed"], "moe_layer": li, "expert": e, "share": float(s)}
@@ -179,15 +248,56 @@ def special_token_ranks_table(logs: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def plot_analysis_panels(analysis, entropy, utilisation, methods=None):
-    """The poster's four analysis panels from the tidy tables (notebook 03): relative compactness, expert
-    similarity (final, mean over layers, one dot per seed; open markers at init), routing entropy over steps (the
-    held-out trajectory when ``entropy`` is :func:`heldout_entropy_table`, else the training batches'), final expert
-    utilisation."""
+def special_token_summary(ranks: pd.DataFrame) -> pd.DataFrame:
+    """Per (special-token handling, MoE layer), from :func:`special_token_ranks_table` (issue 21 item 4): the expert
+    whose cluster holds the largest share of special calibration tokens (``top_special_expert``, its
+    ``top_special_share``, cluster size and rank r_i), the median rank of the other experts, and how many special
+    calibration tokens the initial router sends to its most popular expert (``special_routed_max``)."""
+    rows = []
+    for (mode, layer), g in ranks.groupby(["special_tokens", "moe_layer"], sort=False):
+        g = g.reset_index(drop=True)
+        top = int(g["special_share"].fillna(-1).idxmax())
+        rows.append({"special_tokens": mode, "moe_layer": layer, "top_special_expert": int(g.loc[top, "expert"]),
+                     "top_special_share": float(g.loc[top, "special_share"]),
+                     "top_cluster_size": int(g.loc[top, "cluster_size"]), "top_rank": g.loc[top, "rank"],
+                     "median_rank_others": float(g.drop(index=top)["rank"].median()),
+                     "special_routed_max": float(g["special_routed"].max())})
+    return pd.DataFrame(rows)
+
+
+def plot_r1_init_end(r1_final: pd.DataFrame, r1_init: pd.DataFrame, methods=None):
+    """R@1 per method (notebook 03): bars = mean over seeds at the end, dots = seeds at the end, open markers =
+    seeds at initialisation (before training), dashed line = the untrained dense model when it ran."""
+    methods = methods or list(dict.fromkeys(r1_final["method"]))
+    fig, ax = plt.subplots(figsize=(1.1 * len(methods) + 2.5, 3.4))
+    for i, m in enumerate(methods):
+        v = r1_final[r1_final["method"] == m]["r1_avg"]
+        v0 = r1_init[r1_init["method"] == m]["r1_avg"] if len(r1_init) else pd.Series(dtype=float)
+        ax.bar(i, v.mean(), alpha=0.35)
+        ax.scatter([i] * len(v), v, s=16)
+        ax.scatter([i + 0.2] * len(v0), v0, s=16, facecolors="none", edgecolors="k", lw=0.6)
+    if "dense" in set(r1_final["method"]):
+        ax.axhline(r1_final.loc[r1_final["method"] == "dense", "r1_avg"].mean(), color="k", lw=0.8, ls="--")
+    ax.set_xticks(range(len(methods)), methods, rotation=30, ha="right")
+    ax.set_ylabel("R@1, mean of both directions (%)")
+    lo = min(r1_final["r1_avg"].min(), r1_init["r1_avg"].min() if len(r1_init) else np.inf)
+    ax.set_ylim(max(0, lo - 5), min(100, r1_final["r1_avg"].max() + 3))
+    ax.set_title("end of training (open: at init; dashed: dense)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_analysis_panels(analysis, entropy, utilisation, methods=None,
+                         cols=("relative_compactness", "expert_similarity", "expert_output_similarity")):
+    """The poster's analysis panels from the tidy tables (notebook 03): one panel per metric in ``cols`` (per seed,
+    mean over MoE layers: filled dots and bars at the end, open markers at init; columns the table lacks or holds
+    only NaN in are skipped), routing entropy over steps (the held-out trajectory when ``entropy`` is
+    :func:`heldout_entropy_table`, else the training batches'), final expert utilisation."""
     fin, ini = analysis[analysis["when"] == "final"], analysis[analysis["when"] == "init"]
     methods = methods or list(dict.fromkeys(fin["method"]))
-    fig, ax = plt.subplots(1, 4, figsize=(17, 3.6))
-    for j, col in enumerate(("relative_compactness", "expert_similarity")):
+    cols = [c for c in cols if c in analysis and analysis[c].notna().any()]
+    fig, ax = plt.subplots(1, len(cols) + 2, figsize=(3.6 * (len(cols) + 2), 3.6))
+    for j, col in enumerate(cols):
         per = fin.groupby(["method", "seed"], as_index=False)[col].mean()
         per0 = ini.groupby(["method", "seed"], as_index=False)[col].mean()
         for i, m in enumerate(methods):
@@ -197,26 +307,99 @@ def plot_analysis_panels(analysis, entropy, utilisation, methods=None):
                           edgecolors="k", lw=0.6)
             ax[j].bar(i, v.mean(), alpha=0.35)
         ax[j].set_xticks(range(len(methods)), methods, rotation=30, ha="right")
-        ax[j].set_title(col.replace("_", " ") + " (end; open: init)")
+        ax[j].set_title(col.replace("_", " ") + "\n(end; open: init)", fontsize=9)
+    ae, au = ax[len(cols)], ax[len(cols) + 1]
     heldout = len(entropy) and "moe_layer" in entropy.columns
     if len(entropy):
         for m in methods:
             e = entropy[entropy["method"] == m].groupby("step")["routing_entropy"].mean()
             if len(e):
-                ax[2].plot(e.index, e.values, marker="o" if heldout else None, label=m)
-        ax[2].legend(fontsize=7)
-    ax[2].set(title="routing entropy / log E (" + ("fixed held-out batch)" if heldout else "training batches)"),
-              xlabel="step")
+                ae.plot(e.index, e.values, marker="o" if heldout else None, label=m)
+        ae.legend(fontsize=7)
+    ae.set_xlabel("step")
+    ae.set_title("routing entropy / log E\n(" + ("fixed held-out batch)" if heldout else "training batches)"), fontsize=9)
     u = utilisation.groupby(["method", "expert"])["share"].mean().unstack("expert")
     u = u.reindex([m for m in methods if m in u.index])
     w = 0.8 / max(1, len(u))
     for i, (m, row) in enumerate(u.iterrows()):
-        ax[3].bar(np.arange(len(row)) + i * w, row.values, width=w, label=m)
-    ax[3].axhline(1 / max(1, u.shape[1]), color="k", lw=0.8, ls="--")
-    ax[3].set(title="expert utilisation (final, mean over layers, seeds)", xlabel="expert")
-    ax[3].legend(fontsize=7)
+        au.bar(np.arange(len(row)) + i * w, row.values, width=w, label=m)
+    au.axhline(1 / max(1, u.shape[1]), color="k", lw=0.8, ls="--")
+    au.set_xlabel("expert")
+    au.set_title("expert utilisation\n(end, mean over layers, seeds)", fontsize=9)
+    au.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def plot_router_movement(movement, methods=None):
+    """How far training moved the routers (notebook 03, from :func:`router_movement_table`): per method, the share
+    of held-out tokens whose top-1 expert changed from init to the end, and the change of the held-out routing
+    entropy (per seed, mean over MoE layers: dots; bars: mean over seeds)."""
+    methods = methods or list(dict.fromkeys(movement["method"]))
+    per = movement.groupby(["method", "seed"], as_index=False)[["top1_moved", "entropy_change"]].mean()
+    fig, ax = plt.subplots(1, 2, figsize=(8, 3.3))
+    for a, col, title in ((ax[0], "top1_moved", "held-out tokens whose top-1 expert moved"),
+                          (ax[1], "entropy_change", "routing entropy change (end - init)")):
+        for i, m in enumerate(methods):
+            v = per[per["method"] == m][col]
+            a.bar(i, v.mean(), alpha=0.35)
+            a.scatter([i] * len(v), v, s=16)
+        a.axhline(0, color="k", lw=0.6)
+        a.set_xticks(range(len(methods)), methods, rotation=30, ha="right")
+        a.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Choosing the training settings on validation (scripts/tune_03.py; issue 21 item 1)
+# ---------------------------------------------------------------------------------------------------------------
+TUNING_RUN_COLUMNS = ("candidate", "seed", "lr", "steps", "batch_size", "val_r1")
+
+
+def tuning_summary(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per candidate of ``scripts/tune_03.py`` (one row per sparse-upcycling run scored on the validation pairs):
+    its settings, the number of seeds, the mean and s.d. over seeds of the validation R@1 (``val_r1``, points), and
+    the seed means of the other columns present (R@1 at init, router movement, entropy, training loss, CPU s),
+    sorted by candidate."""
+    missing = [c for c in TUNING_RUN_COLUMNS if c not in runs]
+    if missing:
+        raise ValueError(f"tuning runs lack the columns {missing}; expected at least {list(TUNING_RUN_COLUMNS)}")
+    extra = [c for c in ("val_r1_init", "top1_agreement", "routing_entropy_init", "routing_entropy_final",
+                         "expert_output_similarity_final", "train_loss_end", "cpu_s") if c in runs]
+    rows = []
+    for cand, g in runs.groupby("candidate"):
+        first = g.iloc[0]
+        row = {"candidate": cand, "lr": float(first["lr"]), "steps": int(first["steps"]),
+               "batch_size": int(first["batch_size"]), "seeds": int(g["seed"].nunique()),
+               "val_r1_mean": float(g["val_r1"].mean()),
+               "val_r1_sd": float(g["val_r1"].std(ddof=1)) if len(g) > 1 else np.nan}
+        row.update({f"{c}_mean": float(g[c].mean()) for c in extra})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def choose_tuned(runs: pd.DataFrame) -> dict:
+    """The choice of ``scripts/tune_03.py`` (issue 21 item 1): the candidate with the highest seed-mean validation
+    R@1 of sparse upcycling; equal means go to the cheaper run (fewer steps, then the smaller batch). Returns its
+    name, settings (``lr``, ``steps``, ``batch_size``), validation R@1 (mean, s.d., seeds), the runner-up and the
+    margin, the pooled seed s.d. over candidates, and the rule."""
+    sm = tuning_summary(runs)
+    if sm.empty:
+        raise ValueError("no tuning runs to choose from: run scripts/tune_03.py --stage screen first")
+    sm = sm.sort_values(["val_r1_mean", "steps", "batch_size"], ascending=[False, True, True]).reset_index(drop=True)
+    best = sm.iloc[0]
+    second = sm.iloc[1] if len(sm) > 1 else None
+    var = (runs.groupby("candidate")["val_r1"].var(ddof=1)).dropna()
+    return dict(candidate=str(best["candidate"]),
+                settings=dict(lr=float(best["lr"]), steps=int(best["steps"]), batch_size=int(best["batch_size"])),
+                val_r1_mean=float(best["val_r1_mean"]),
+                val_r1_sd=None if np.isnan(best["val_r1_sd"]) else float(best["val_r1_sd"]), seeds=int(best["seeds"]),
+                runner_up=None if second is None else str(second["candidate"]),
+                margin=None if second is None else float(best["val_r1_mean"] - second["val_r1_mean"]),
+                pooled_seed_sd=float(np.sqrt(var.mean())) if len(var) else None,
+                rule="highest seed-mean validation R@1 (mean of both directions) of sparse upcycling; ties: fewer "
+                     "steps, then smaller batch")
 
 
 # ---------------------------------------------------------------------------------------------------------------
