@@ -442,13 +442,16 @@ def test_btx_parameter_counts_and_router_only_training():
              for d in moce.BTX_DOMAINS for w in ["ab", "cd", "ef", "gh"]]
     ex = moce.build_cache(model, tok, items, np.zeros(len(items), int), start=1, max_len=48)
     spec = moce.variant_spec("btx", 2, 3, rank=4)  # r = 8
-    res = moce.train_btx(model, spec, ex, ex[:3], layers=[1, 2], steps=3, batch_size=4, lr=5e-3, eval_every=1,
-                         train_experts=False)
+    res = moce.train_btx(model, spec, ex, ex[::4], layers=[1, 2], steps=3, batch_size=4, lr=5e-3, eval_every=1,
+                         train_experts=False)   # validation: one example per domain (each branch validates on its own)
     # branch: one dense adapter per layer, 2·d·r; mix stage (router only): |D|·d per layer
     assert set(res.branches) == set(moce.BTX_DOMAINS)
     assert all(b["trainable_params"] == 2 * (2 * 32 * 8) and b["steps"] == 3 for b in res.branches.values())
     assert res.params == {"adapter_params": 0, "router_params": 2 * 3 * 32, "trainable_params": 2 * 3 * 32}
     assert res.steps == 3 and [b["n_train"] for b in res.branches.values()] == [4, 4, 4]
+    assert [b["n_val"] for b in res.branches.values()] == [1, 1, 1]
+    with pytest.raises(ValueError, match="'code' has an empty validation split"):
+        moce.train_btx(model, spec, ex, ex[:3], layers=[1, 2], steps=1)
     layer = moce.moce_layers(model)[0]
     moce.uninstall(model)
     moce.install(model, spec, [1, 2])

@@ -97,6 +97,7 @@ def test_notes_leftovers_are_gone():
     nb = (ROOT / "notebooks" / "01_moce.py").read_text()
     assert nb.count("torch.set_num_threads(") == 1                          # set once, at the top
     assert nb.count("moce.lm_tasks_for(") == 2 and "scorecard.usable_tasks(" not in nb   # one task filter
+    assert not re.search(r"~\s*\d+\s*min", nb)                                 # no stale runtime estimates
 
 
 def test_top_stack_refuses_soft_capping_models():

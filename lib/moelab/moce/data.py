@@ -145,8 +145,10 @@ def with_groups(examples: list[dict], groups) -> list[dict]:
     return [{**e, "group": int(g)} for e, g in zip(examples, groups)]
 
 
-def btx_domain_splits(examples: list[dict], domains: Sequence[str] = BTX_DOMAINS) -> dict[str, list[dict]]:
-    """The per-domain training splits of the branch stage; unknown domain or an empty split -> ``ValueError``."""
+def btx_domain_splits(examples: list[dict], domains: Sequence[str] = BTX_DOMAINS,
+                      split: str = "training") -> dict[str, list[dict]]:
+    """The per-domain ``split`` (training or validation) examples of the branch stage; unknown domain or an empty
+    split -> ``ValueError``."""
     domains = list(domains)
     if len(domains) < 2 or len(set(domains)) != len(domains):
         raise ValueError(f"BTX needs >= 2 distinct domains, got {domains!r}")
@@ -157,7 +159,7 @@ def btx_domain_splits(examples: list[dict], domains: Sequence[str] = BTX_DOMAINS
         if d not in BTX_DOMAINS and not out[d]:
             raise ValueError(f"unknown BTX domain {d!r}: expected one of {list(BTX_DOMAINS)} (examples have {present})")
         if not out[d]:
-            raise ValueError(f"BTX domain {d!r} has an empty training split (examples have domains {present})")
+            raise ValueError(f"BTX domain {d!r} has an empty {split} split (examples have domains {present})")
     return out
 
 

@@ -9,10 +9,12 @@ tasks through the one scorer, ``moelab.suite.scorer``, batched with per-row clus
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -32,9 +34,10 @@ from moelab.moce.report import criterion_table
 from moelab.moce.trunk import TopStack, trunk_memo
 from moelab.suite import instruct, lmeval, scorecard, scorer
 
-__all__ = ["make_loss_fn", "per_item_nll", "validation_trend", "validation_flattened", "VariantResult",
-           "train_variant", "load_variant", "train_btx", "plan_runs", "run_identity", "train_runs", "RequestHook",
-           "make_request_hook", "lm_tasks_for", "evaluate_runs", "RUN_DEFAULTS", "run_from_config"]
+__all__ = ["make_loss_fn", "per_item_nll", "validation_trend", "validation_flattened", "EarlyStopping",
+           "STOP_REASONS", "FLAT_MIN_EVALS", "VariantResult", "train_variant", "load_variant", "train_btx",
+           "plan_runs", "run_identity", "train_runs", "RequestHook", "make_request_hook", "lm_tasks_for",
+           "evaluate_runs", "RUN_DEFAULTS", "run_from_config"]
 
 
 def make_loss_fn(spec: MoCESpec):
@@ -100,10 +103,65 @@ def validation_flattened(losses, window_frac: float = 0.2, tol: float = 0.02) ->
     return trend == "flattened", fall
 
 
+STOP_REASONS = ("flattened", "rising", "patience", "budget")
+# The flattened criterion stops training only on a curve of at least this many evaluations: its last-20 % window then
+# spans two or more of them (on 4 evaluations it compares two single noisy values; seen stopping a run after 24 steps).
+FLAT_MIN_EVALS = 8
+
+
+@dataclass
+class EarlyStopping:
+    """Early stopping on the validation loss that keeps the best checkpoint (issue 20, item 2).
+
+    :meth:`observe` is called after every evaluation with the step, the validation loss and the model: a loss below
+    every earlier one makes the model's trainable tensors (:func:`trainable_state`) the best checkpoint and resets the
+    count of evaluations since the best; :attr:`exhausted` is true once ``patience`` evaluations in a row brought no new
+    minimum (``patience=None``: never); :meth:`restore` loads the best checkpoint back into the model. A tie does not
+    replace the earlier best (the earlier, shorter-trained checkpoint is kept).
+    """
+
+    patience: int | None = None
+    best_loss: float = math.inf
+    best_step: int = 0
+    best_state: dict | None = field(default=None, repr=False)
+    since_best: int = 0
+    evaluations: int = 0
+
+    def __post_init__(self):
+        if self.patience is not None and (isinstance(self.patience, bool) or not isinstance(self.patience, int)
+                                          or self.patience < 1):
+            raise ValueError(f"patience must be a positive number of evaluations or None, got {self.patience!r}")
+
+    def observe(self, step: int, loss: float, model) -> bool:
+        """Record one evaluation; returns whether it is the new best (its state is then copied)."""
+        loss = float(loss)
+        if not math.isfinite(loss):
+            raise ValueError(f"validation loss at step {step} is {loss}: training diverged (lower the learning rate)")
+        self.evaluations += 1
+        if loss < self.best_loss:
+            self.best_loss, self.best_step, self.since_best = loss, int(step), 0
+            self.best_state = trainable_state(model)
+            return True
+        self.since_best += 1
+        return False
+
+    @property
+    def exhausted(self) -> bool:
+        return self.patience is not None and self.since_best >= self.patience
+
+    def restore(self, model) -> None:
+        """Load the best checkpoint into ``model`` (the layers of the same spec must be installed)."""
+        if self.best_state is None:
+            raise ValueError("no evaluation was observed: nothing to restore (train with eval_every > 0)")
+        _load_state(model, self.best_state, "best checkpoint")
+
+
 @dataclass
 class VariantResult:
-    """A trained variant: ``state`` (trainable tensors), ``history`` (per step), ``eval_history`` (val loss),
-    ``flat`` / ``rel_fall`` / ``trend`` (:func:`validation_trend` of the validation loss), ``params``, ``wall_s``."""
+    """A trained variant: ``state`` (trainable tensors of the returned checkpoint: the best validation loss when
+    training restored it), ``history`` (per step), ``eval_history`` (val loss), ``flat`` / ``rel_fall`` / ``trend``
+    (:func:`validation_trend` of the validation loss), ``params``, ``wall_s``, ``steps`` (trained), ``best_step`` /
+    ``best_val_loss`` (the best evaluation) and ``stop_reason`` (one of :data:`STOP_REASONS`)."""
 
     spec: MoCESpec
     seed: int
@@ -115,20 +173,48 @@ class VariantResult:
     params: dict
     wall_s: float
     steps: int
-    branches: dict | None = None  # BTX: per-domain branch runs (steps, wall_s, params, val_loss_last)
+    branches: dict | None = None  # BTX: per-domain branch runs (steps, wall_s, params, val_loss_last, ...)
     trend: str = ""               # "falling" | "flattened" | "rising" | "too short" (validation_trend)
+    best_step: int = 0
+    best_val_loss: float = float("nan")
+    stop_reason: str = ""
+    restored_best: bool = False
+
+    @property
+    def converged(self) -> bool:
+        """The validation loss stopped improving before the step budget ran out (flattened, rose past its minimum,
+        or ``patience`` evaluations without a new minimum); ``budget``: it was still improving."""
+        return self.stop_reason in ("flattened", "rising", "patience")
+
+
+def _carry_optimizer(state: dict):
+    """``after_backward`` hook loading the previous round's AdamW state at the round's first step, so that rounds
+    continue one optimiser (moments and step count) instead of restarting it."""
+
+    def hook(step, model, optimizer):
+        if step == 1:
+            optimizer.load_state_dict(state)
+
+    return hook
 
 
 def train_variant(model, spec: MoCESpec, train_ex: list[dict], val_ex: list[dict], *, layers: Sequence[int],
                   steps: int, batch_size: int = 8, lr: float = 2e-4, seed: int = 0, eval_every: int = 10,
                   max_rounds: int = 1, warmup_frac: float = 0.05, init_state: dict | None = None,
-                  train_experts: bool = True, device: str = "cpu") -> VariantResult:
+                  train_experts: bool = True, device: str = "cpu", patience: int | None = None,
+                  restore_best: bool = True) -> VariantResult:
     """Install ``spec`` in ``layers``, train only the adapters/routers with ``moelab.train.train`` (AdamW, lr 2e-4 as
     App. A) on cached hidden states, evaluating the validation loss every ``eval_every`` steps.
 
-    While the validation loss is still falling (:func:`validation_trend`: >= 2 % fall over the last 20 % of the
-    evaluations) another round of ``steps`` continues from the trained weights (fresh optimiser), up to
-    ``max_rounds``; a flattened or rising loss stops it (a rising loss is never reported as flattened).
+    Training runs in rounds of ``steps`` steps (up to ``max_rounds``); each later round continues the same AdamW
+    optimiser (its moments and step count; warmup only in the first round, then a constant learning rate) on a new
+    shuffle of the data. Early stopping on validation (issue 20, item 2), checked after each round: the validation
+    loss has flattened (:func:`validation_trend` over all evaluations so far, at least :data:`FLAT_MIN_EVALS` of them:
+    a fall of less than 2 % over the last 20 %), or ``patience`` evaluations brought no new minimum
+    (:class:`EarlyStopping`); without ``patience``, a rising loss stops too (with it, a rise stops training only once
+    it has lasted ``patience`` evaluations). Otherwise the next round starts, and ``budget`` is recorded when
+    ``max_rounds`` ran out.
+    With ``restore_best`` the model (and the returned ``state``) is the checkpoint of the lowest validation loss.
     ``init_state`` (a :func:`trainable_state`-style dict) overwrites the fresh layers' weights before training
     (BTX's merged experts); ``train_experts=False`` freezes the adapters so only the routers train; ``device``: the
     trainer's device (``moelab.train.TrainConfig``).
@@ -136,12 +222,15 @@ def train_variant(model, spec: MoCESpec, train_ex: list[dict], val_ex: list[dict
     """
     if not train_ex or not val_ex:
         raise ValueError(f"train_variant needs training and validation examples, got {len(train_ex)} and {len(val_ex)}")
+    if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
+        raise ValueError(f"max_rounds must be a positive int, got {max_rounds!r}")
     if spec.num_groups > 1:
         used = {e["group"] for e in train_ex}
         missing = sorted(set(range(spec.num_groups)) - used)
         if missing:
             raise ValueError(f"expert group(s) {missing} have no training sequence (empty cluster); "
                              f"choose fewer clusters than {spec.num_groups}")
+    stopper = EarlyStopping(patience)
     install(model, spec, layers, seed=seed)
     if init_state is not None:
         _load_state(model, init_state, spec.name)
@@ -156,7 +245,7 @@ def train_variant(model, spec: MoCESpec, train_ex: list[dict], val_ex: list[dict
     def eval_fn(st):
         return {"val_loss": float(per_item_nll(st, val_ex).mean())}
 
-    hist, ev, wall, done = [], [], 0.0, 0
+    hist, ev, wall, done, opt_state, stop = [], [], 0.0, 0, None, "budget"
     for rnd in range(max_rounds):
         g = torch.Generator().manual_seed(seed * 1000 + rnd)
         loader = DataLoader(train_ex, batch_size=batch_size, shuffle=True, collate_fn=collate, generator=g,
@@ -164,7 +253,11 @@ def train_variant(model, spec: MoCESpec, train_ex: list[dict], val_ex: list[dict
         cfg = mtrain.TrainConfig(lr=lr, steps=steps, seed=seed + rnd, eval_every=eval_every, log_every=max(1, steps // 5),
                                  warmup_frac=warmup_frac if rnd == 0 else 0.0, device=device,
                                  desc=f"{spec.name}-s{seed}", max_grad_norm=1.0)
-        res = mtrain.train(stack, loader, loss_fn=loss_fn, cfg=cfg, eval_fn=eval_fn)
+        hooks = {"on_eval": lambda step, m, done=done: stopper.observe(done + step, m["val_loss"], model)}
+        if opt_state is not None:
+            hooks["after_backward"] = _carry_optimizer(opt_state)
+        res = mtrain.train(stack, loader, loss_fn=loss_fn, cfg=cfg, eval_fn=eval_fn, hooks=hooks)
+        opt_state = copy.deepcopy(res.optimizer.state_dict())
         h, e = res.history.copy(), res.eval_history.copy()
         h["step"] += done
         e["step"] += done
@@ -174,12 +267,20 @@ def train_variant(model, spec: MoCESpec, train_ex: list[dict], val_ex: list[dict
         done += steps
         evh = pd.concat(ev, ignore_index=True)
         trend, fall = validation_trend(evh["val_loss"].to_numpy())
-        if trend in ("flattened", "rising"):
+        if (trend == "flattened" and len(evh) >= FLAT_MIN_EVALS) or (trend == "rising" and patience is None):
+            stop = trend
             break
+        if stopper.exhausted:
+            stop = "patience"
+            break
+    restored = restore_best and stopper.best_step != done
+    if restore_best:
+        stopper.restore(model)
     model.eval()
     return VariantResult(spec=spec, seed=seed, state=trainable_state(model), history=pd.concat(hist, ignore_index=True),
                          eval_history=evh, flat=trend == "flattened", rel_fall=fall, params=params, wall_s=wall,
-                         steps=done, trend=trend)
+                         steps=done, trend=trend, best_step=stopper.best_step, best_val_loss=stopper.best_loss,
+                         stop_reason=stop, restored_best=restored)
 
 
 def load_variant(model, result: VariantResult, layers: Sequence[int]) -> None:
@@ -199,30 +300,35 @@ def _load_state(model, state: dict, name: str) -> None:
 
 def train_btx(model, spec: MoCESpec, train_ex: list[dict], val_ex: list[dict], *, layers: Sequence[int], steps: int,
               batch_size: int = 8, lr: float = 2e-4, seed: int = 0, eval_every: int = 10, max_rounds: int = 1,
-              domains: Sequence[str] = BTX_DOMAINS, train_experts: bool = True, device: str = "cpu") -> VariantResult:
+              domains: Sequence[str] = BTX_DOMAINS, train_experts: bool = True, device: str = "cpu",
+              patience: int | None = None, restore_best: bool = True) -> VariantResult:
     """BTX (A), the baseline of MoCE Table 1 (§4.1; Branch-Train-miX, Sukhbaatar et al. 2024, §2 with adapters).
 
     1. *Branch-train*: for each domain d, a dense adapter of width ``spec.rank`` (:func:`btx_branch_spec`) is trained
-       on that domain's sequences only, ``steps`` steps each (the Specialized-* runs' budget).
+       on that domain's sequences only and early-stopped on that domain's validation sequences (the Specialized-*
+       runs' rule), with the same step budget as every other run.
     2. *MiX*: the |D| adapters become the experts of one adapter-MoE layer per adapted block (:func:`btx_merge_states`),
        y = E(x) + Σ_{d∈TopK(R(x), k)} w_d Δ_d(E(x)) with a new token router R [|D|, d_model] (PESC softmax over the
        top-k, Switch balancing loss ``spec.balance_coef``); router and experts (``train_experts``) are then trained on
-       the whole mix for ``steps`` steps, as every other variant.
+       the whole mix, as every other variant (same rounds, early stopping and best-checkpoint rule).
     Returns the mix stage's :class:`VariantResult` (``params``: trainable in the mix stage) with ``branches`` holding
-    each branch's steps, wall time, trainable parameters and last validation loss; ``wall_s`` includes the branches.
+    each branch's steps, best step, stop reason, wall time, trainable parameters and validation losses; ``wall_s``
+    includes the branches.
     """
     if spec.num_groups != 1 or spec.experts_per_group != len(domains):
         raise ValueError(f"BTX spec must have one group of {len(domains)} experts (one per domain {list(domains)}), "
                          f"got M={spec.num_groups}, N={spec.experts_per_group}")
     splits = btx_domain_splits(train_ex, domains)
+    val_splits = btx_domain_splits(val_ex, domains, "validation")
     kw = dict(layers=layers, steps=steps, batch_size=batch_size, lr=lr, seed=seed, eval_every=eval_every,
-              max_rounds=max_rounds, device=device)
+              max_rounds=max_rounds, device=device, patience=patience, restore_best=restore_best)
     branch, states, info = btx_branch_spec(spec), [], {}
     for d in domains:
-        r = train_variant(model, branch, splits[d], val_ex, **kw)
+        r = train_variant(model, branch, splits[d], val_splits[d], **kw)
         states.append(r.state)
-        info[d] = {"steps": r.steps, "wall_s": r.wall_s, "n_train": len(splits[d]), **r.params,
-                   "val_loss_last": float(r.eval_history.val_loss.iloc[-1])}
+        info[d] = {"steps": r.steps, "best_step": r.best_step, "stop_reason": r.stop_reason, "wall_s": r.wall_s,
+                   "n_train": len(splits[d]), "n_val": len(val_splits[d]), **r.params,
+                   "val_loss_best": r.best_val_loss, "val_loss_last": float(r.eval_history.val_loss.iloc[-1])}
         uninstall(model)
     res = train_variant(model, spec, train_ex, val_ex, init_state=btx_merge_states(states),
                         train_experts=train_experts, **kw)
@@ -235,8 +341,11 @@ def plan_runs(cfg: dict, k: int) -> list[dict]:
     """The list of training runs of a profile: dict(label, variant, M, N, top_k, domain, k_clusters, seed).
 
     ``cfg["variants"]``: names from :func:`variant_spec` (M = ``k`` clusters, N = ``cfg["experts_per_group"]``);
-    ``cfg["extra"]`` (full profile): dicts overriding fields (experts per group, domain-specialised) or giving
-    ``k_offset`` (cluster count k + offset; ``label`` may contain ``{k}``).
+    ``cfg["extra"]``: dicts overriding fields (experts per group, domain-specialised) or giving ``k_offset``
+    (cluster count k + offset; ``label`` may contain ``{k}``) or ``seed_offset`` (the run's seed is each profile
+    seed + offset: the second arm of an A/A comparison, e.g. ``dict(label="pesc_aa", variant="pesc",
+    seed_offset=3)`` trains PESC again on seeds 3, 4, 5 beside PESC on 0, 1, 2; an offset that lands on a profile
+    seed would train the same run twice -> ``ValueError``).
     """
     runs = []
     for seed in cfg["seeds"]:
@@ -246,7 +355,12 @@ def plan_runs(cfg: dict, k: int) -> list[dict]:
         for ex in cfg.get("extra", []):
             ex = dict(ex)
             kc = max(1, k + int(ex.pop("k_offset", 0)))  # cluster counts around the elbow (Fig. 4); k=1: one group
-            r = dict(variant="moce", M=kc, N=cfg["experts_per_group"], top_k=2, domain=None, k_clusters=kc, seed=seed)
+            off = int(ex.pop("seed_offset", 0))
+            if off and seed + off in cfg["seeds"]:
+                raise ValueError(f"seed_offset={off} of run {ex.get('label')!r} maps seed {seed} onto profile seed "
+                                 f"{seed + off}: an A/A arm needs seeds of its own (offset >= {len(cfg['seeds'])})")
+            r = dict(variant="moce", M=kc, N=cfg["experts_per_group"], top_k=2, domain=None, k_clusters=kc,
+                     seed=seed + off)
             r.update(ex)
             r["label"] = r["label"].format(k=kc)
             runs.append(r)
@@ -281,18 +395,20 @@ def train_runs(model, runs: list[dict], train_ex: list[dict], val_ex: list[dict]
             continue
         g_tr, g_va = groups_by_k[r["k_clusters"]]
         tr, va = with_groups(train_ex, g_tr), with_groups(val_ex, g_va)
-        if r.get("domain"):
+        if r.get("domain"):   # a domain-specialised model is trained and early-stopped on its own domain
             tr = [e for e in tr if e["domain"] == r["domain"]]
+            va = [e for e in va if e["domain"] == r["domain"]]
+        stopping = {"patience": cfg.get("patience"), "restore_best": cfg.get("restore_best", True)}
         key = {**cache_config, "run": {k: v for k, v in r.items()}, "spec": asdict(spec), "layers": list(layers),
                "steps": cfg["steps"], "batch": cfg["batch"], "lr": cfg["lr"], "eval_every": cfg["eval_every"],
-               "max_rounds": cfg["max_rounds"], "n_train": len(tr), "n_val": len(va),
+               "max_rounds": cfg["max_rounds"], **stopping, "n_train": len(tr), "n_val": len(va),
                "groups": hashlib.sha1(np.asarray(g_tr).tobytes() + np.asarray(g_va).tobytes()).hexdigest()}
 
         def compute(spec=spec, tr=tr, va=va, r=r):
             fit = train_btx if r["variant"] == "btx" else train_variant  # BTX: branch stage, then the same mix run
             res = fit(model, spec, tr, va, layers=layers, steps=cfg["steps"], batch_size=cfg["batch"],
                       lr=cfg["lr"], seed=r["seed"], eval_every=cfg["eval_every"], max_rounds=cfg["max_rounds"],
-                      device=cfg.get("device", "cpu"))
+                      device=cfg.get("device", "cpu"), **stopping)
             uninstall(model)
             return res
 
@@ -356,16 +472,33 @@ def lm_tasks_for(model_name: str, n: int | None, fallback: Sequence[str] = LM_TA
     return [t for t in usable if t not in ("moelab_gsm", "moelab_humaneval")][:n], note
 
 
+def _digest(obj) -> str:
+    """sha1 of a JSON-able object, a state dict of tensors, or an array (cache keys of scored models)."""
+    h = hashlib.sha1()
+    if isinstance(obj, dict) and all(torch.is_tensor(v) for v in obj.values()):
+        for k in sorted(obj):
+            h.update(k.encode())
+            h.update(obj[k].detach().cpu().contiguous().numpy().tobytes())
+    elif isinstance(obj, np.ndarray):
+        h.update(str(obj.dtype).encode() + obj.tobytes())
+    else:
+        h.update(json.dumps(obj, sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
 def evaluate_runs(model, tok, results: list[VariantResult | None], test_items: list[dict], test_groups: dict,
                   lm_tasks: Sequence[str], lm_limit: int | None, cluster_of: dict, layers: Sequence[int],
-                  labels: Sequence[str] | None = None, batch_size: int = 8):
+                  labels: Sequence[str] | None = None, batch_size: int = 8, cache_config: dict | None = None):
     """Per-item scores of the vanilla model (``None`` in ``results``) and every trained run.
 
     - per-domain likelihood: ``suite.lmeval.domain_nll`` (bits per byte of the reference answer) on ``test_items``,
       batched, each batch row with its item's cluster id (``test_groups[k]``: cluster per test item with k clusters);
     - ``suite.lmeval.evaluate`` on ``lm_tasks`` with the :class:`RequestHook` setting each row's cluster
       (``cluster_of[k]``: instruction -> cluster id with k clusters), batched the same way.
-    The frozen lower blocks are memoised across models (:func:`trunk_memo`). Returns a tidy DataFrame
+    The frozen lower blocks are memoised across models (:func:`trunk_memo`). With ``cache_config`` (JSON-able, naming
+    the model) each model's scores are stored with ``moelab.cache.memo`` (keyed by its trained weights, the items and
+    their clusters), so an interrupted evaluation resumes model by model; a result whose weights, seed and clusters
+    equal an earlier one's (a run trained once under two labels) reuses its scores. Returns a tidy DataFrame
     (variant, seed, task, item_id, metric, score).
     """
     rows = []
@@ -373,28 +506,54 @@ def evaluate_runs(model, tok, results: list[VariantResult | None], test_items: l
     memo = None
     labels = list(labels) if labels is not None else [None] * len(results)
     pairs = [(prompt_text(tok, it["instruction"]), it["answer"]) for it in test_items]
-    for res, lab in progress.bar(list(zip(results, labels)), desc="01 evaluated models", unit="model"):
+    items_key = _digest([[it.get("id", str(i)), it["instruction"], str(it["answer"]), it["domain"]]
+                         for i, it in enumerate(test_items)])
+
+    def score(res, name, seed, k, g):
+        nonlocal memo
         uninstall(model)
         if res is not None:
             load_variant(model, res, layers)
-        name = lab or (res.spec.name if res is not None else "vanilla")
-        seed = res.seed if res is not None else -1
-        k = res.spec.num_groups if res is not None else 1
-        g = np.asarray(test_groups.get(k, np.zeros(len(test_items), int)))
+        out = []
         ctx = trunk_memo(model, start, memo) if start > 0 else contextlib.nullcontext(None)
         with ctx as memo:
             df = lmeval.domain_nll(model, tok, pairs, batch_size=batch_size,
                                    batch_context=lambda rows_, mask, g=g: group_context(model, g[list(rows_)]))
             for i, it in enumerate(test_items):
-                rows.append({"variant": name, "seed": seed, "task": f"nll_{it['domain']}",
-                             "item_id": it.get("id", str(i)), "metric": "bpb", "score": float(df.bpb.iloc[i])})
+                out.append({"variant": name, "seed": seed, "task": f"nll_{it['domain']}",
+                            "item_id": it.get("id", str(i)), "metric": "bpb", "score": float(df.bpb.iloc[i])})
             if lm_tasks:
                 hook = make_request_hook(model, cluster_of[k]) if k > 1 else None
                 df = lmeval.evaluate(model, tok, list(lm_tasks), limit=lm_limit, request_hook=hook,
                                      batch_size=batch_size)
                 df.insert(0, "seed", seed)
                 df.insert(0, "variant", name)
-                rows += df.to_dict("records")
+                out += df.to_dict("records")
+        uninstall(model)
+        return out
+
+    done: dict[str, list[dict]] = {}   # the same trained weights under two labels (seq_only = moce_N1) scored once
+    for res, lab in progress.bar(list(zip(results, labels)), desc="01 evaluated models", unit="model"):
+        name = lab or (res.spec.name if res is not None else "vanilla")
+        seed = res.seed if res is not None else -1
+        k = res.spec.num_groups if res is not None else 1
+        g = np.asarray(test_groups.get(k, np.zeros(len(test_items), int)))
+        same = _digest([seed, _digest(g.astype(np.int64)), _digest(res.state) if res is not None else None,
+                        {kk: v for kk, v in asdict(res.spec).items() if kk != "name"} if res is not None else None])
+        if same in done:
+            rows += [{**r, "variant": name} for r in done[same]]
+            continue
+        if cache_config is None:
+            out = score(res, name, seed, k, g)
+        else:
+            key = {**cache_config, "name": name, "seed": seed, "items": items_key,
+                   "groups": _digest(g.astype(np.int64)), "spec": asdict(res.spec) if res is not None else None,
+                   "state": _digest(res.state) if res is not None else None, "lm_tasks": list(lm_tasks or []),
+                   "lm_limit": lm_limit, "batch_size": batch_size, "layers": list(layers)}
+            out = cache.memo("moce-scores", key, lambda res=res, name=name, seed=seed, k=k, g=g: score(res, name, seed,
+                                                                                                        k, g))
+        done[same] = out
+        rows += out
     uninstall(model)
     return pd.DataFrame(rows)
 
@@ -404,8 +563,8 @@ def evaluate_runs(model, tok, results: list[VariantResult | None], test_items: l
 # ---------------------------------------------------------------------------------------------------------------------
 RUN_DEFAULTS = dict(profile="smoke", model="smollm2", encoder="e5", k=None, ks=list(range(1, 7)), n_cluster=60,
                     n_train=48, n_val=12, n_top=2, max_len=96, rank=64, experts_per_group=2, steps=4, batch=4,
-                    lr=2e-4, eval_every=1, max_rounds=1, seeds=[0], variants=["pesc", "moce"], extra=[],
-                    device="cpu")
+                    lr=2e-4, eval_every=1, max_rounds=1, patience=None, restore_best=True, seeds=[0],
+                    variants=["pesc", "moce"], extra=[], device="cpu")
 
 
 def run_from_config(config: dict) -> pd.DataFrame:
@@ -416,8 +575,10 @@ def run_from_config(config: dict) -> pd.DataFrame:
     ("e5", "minilm" or a local sentence-transformers folder), ``k`` (clusters; null = the elbow of ``ks``),
     ``n_cluster`` / ``n_train`` / ``n_val`` (balanced per domain), ``n_top`` (adapted top blocks or "all"),
     ``max_len``, ``rank``, ``experts_per_group``, ``steps``, ``batch``, ``lr``, ``eval_every``, ``max_rounds``,
-    ``seeds``, ``variants`` and ``extra`` (as :func:`plan_runs`), ``device``. Trains every run (memoised like the
-    notebook's) and returns the criterion table (steps, validation trend, parameter counts) with the clusters' k.
+    ``patience`` and ``restore_best`` (early stopping, :func:`train_variant`), ``seeds``, ``variants`` and ``extra``
+    (as :func:`plan_runs`), ``device``. Trains every run (memoised like the
+    notebook's) and returns the criterion table (steps, best step, stop reason, validation trend, parameter counts)
+    with the clusters' k.
     """
     if not isinstance(config, dict):
         raise ValueError(f"config must be a dict, got {type(config).__name__}")

@@ -16,7 +16,10 @@ from moelab.stats import bootstrap_ci
 
 __all__ = ["plot_elbow", "plot_projection", "plot_cluster_distribution", "curves_table", "criterion_table",
            "plot_curves", "plot_table1", "k_sweep_labels", "k_sweep_table", "plot_k_sweep", "paired_scores",
-           "summarize_scores"]
+           "summarize_scores", "seed_means_table", "cramers_v", "independence_test", "concentration",
+           "dependence_table"]
+
+Z975, Z80 = 1.959964, 0.841621  # standard normal quantiles for the MDE of the independence test (5% two-sided, 80%)
 
 
 def plot_elbow(curves, knees: dict):
@@ -81,12 +84,20 @@ def curves_table(results: Sequence):
 
 
 def criterion_table(results: Sequence, n_layers: int, d_model: int):
-    """Per variant and seed: steps, wall time, flattened criterion, parameter counts (BTX: ``branch_steps`` = the
-    branch stage's steps summed over domains; ``wall_s`` includes them)."""
+    """Per variant and seed: steps trained, the best evaluation (``best_step``, ``val_loss_best``: the checkpoint
+    evaluated when ``restored_best``), why training stopped (``stop_reason``: flattened / rising / patience / budget,
+    ``converged`` unless budget), the suite's flattened criterion on the whole validation curve, wall time and
+    parameter counts (BTX: ``branch_steps`` = the branch stage's steps summed over domains; ``wall_s`` includes
+    them)."""
     return pd.DataFrame([{"variant": r.spec.name, "seed": r.seed, "steps": r.steps,
+                          "best_step": getattr(r, "best_step", 0),
+                          "stop_reason": getattr(r, "stop_reason", "") or "",
+                          "converged": bool(getattr(r, "converged", False)),
+                          "restored_best": bool(getattr(r, "restored_best", False)),
                           "branch_steps": sum(b["steps"] for b in (getattr(r, "branches", None) or {}).values()),
                           "wall_s": round(r.wall_s, 1),
                           "val_loss_first": float(r.eval_history.val_loss.iloc[0]),
+                          "val_loss_best": float(getattr(r, "best_val_loss", r.eval_history.val_loss.min())),
                           "val_loss_last": float(r.eval_history.val_loss.iloc[-1]),
                           "rel_fall_last20pct": r.rel_fall, "flattened": r.flat,
                           "val_trend": getattr(r, "trend", "") or "",
@@ -193,3 +204,83 @@ def summarize_scores(scores):
         rows.append({"variant": v, "task": t, "metric": m, "n_items": len(per_item),
                      "n_seeds": g.seed.nunique(), "mean": est, "ci_low": lo, "ci_high": hi})
     return pd.DataFrame(rows)
+
+
+def seed_means_table(scores, metric: str = "bpb", task_prefix: str = "nll_"):
+    """Per variant and seed: the mean score over the held-out items of each domain and over all of them (``pooled``),
+    items averaged within the seed (the seed is the unit of replication of a trained model; issue 14, item 4).
+    Columns: variant, seed, domain (``code``, ``maths``, ``reasoning``, ``pooled``), n_items, mean."""
+    s = scores[(scores.metric == metric) & scores.task.astype(str).str.startswith(task_prefix)]
+    if s.empty:
+        raise ValueError(f"no {metric!r} scores of tasks starting with {task_prefix!r}")
+    s = s.assign(domain=s.task.str[len(task_prefix):])
+    per = s.groupby(["variant", "seed", "domain"], sort=False).score.agg(["size", "mean"]).reset_index()
+    pooled = s.groupby(["variant", "seed"], sort=False).score.agg(["size", "mean"]).reset_index().assign(
+        domain="pooled")
+    out = pd.concat([per, pooled], ignore_index=True).rename(columns={"size": "n_items"})
+    return out[["variant", "seed", "domain", "n_items", "mean"]].sort_values(
+        ["variant", "seed", "domain"], kind="stable").reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Dependence between a label (evaluation task, source domain) and the cluster (Fig. 2 / App. C, Fig. 5; issue 20 item 5)
+# ---------------------------------------------------------------------------------------------------------------------
+def cramers_v(counts: np.ndarray) -> float:
+    """Cramér's V of a contingency table, all-zero rows and columns dropped: sqrt(chi2 / (n (min(r, c) - 1)))."""
+    c = np.asarray(counts, float)
+    c = c[c.sum(1) > 0][:, c.sum(0) > 0]
+    n = c.sum()
+    if n == 0 or min(c.shape) < 2:
+        return 0.0
+    expected = np.outer(c.sum(1), c.sum(0)) / n
+    chi2 = float(((c - expected) ** 2 / expected).sum())
+    return float(np.sqrt(chi2 / (n * (min(c.shape) - 1))))
+
+
+def independence_test(counts: np.ndarray, n_shuffles: int = 2000, seed: int = 0) -> dict:
+    """Row (task or domain) x cluster dependence against a shuffled-label null (issue 20 item 5).
+
+    ``ours`` = Cramér's V minus its mean under shuffled cluster labels (0 = no dependence); the interval is the
+    2.5-97.5 percentile of V over a bootstrap of items within each row (row sizes fixed) minus the same null mean;
+    ``mde`` = (z_0.975 + z_0.80) x the null's standard deviation; ``p`` = share of shuffles with V >= the observed V.
+    Deterministic for a given ``seed`` so that a rebuild reproduces the file."""
+    c = np.asarray(counts, dtype=int)
+    if c.ndim != 2 or (c < 0).any():
+        raise ValueError(f"counts must be a non-negative 2-D table, got shape {c.shape}; pass rows x columns counts")
+    rows = np.repeat(np.arange(c.shape[0]), c.sum(1))
+    cols = np.concatenate([np.repeat(np.arange(c.shape[1]), r) for r in c])
+    rng = np.random.default_rng(seed)
+    v_obs = cramers_v(c)
+    null = np.empty(n_shuffles)
+    for i in range(n_shuffles):
+        perm = rng.permutation(cols)
+        null[i] = cramers_v(np.bincount(rows * c.shape[1] + perm, minlength=c.size).reshape(c.shape))
+    boot = np.empty(n_shuffles)
+    p_rows = c / np.maximum(c.sum(1, keepdims=True), 1)
+    for i in range(n_shuffles):
+        boot[i] = cramers_v(np.stack([rng.multinomial(int(n), p) for n, p in zip(c.sum(1), p_rows)]))
+    mu = float(null.mean())
+    return dict(ours=v_obs - mu, ci_low=float(np.percentile(boot, 2.5)) - mu,
+                ci_high=float(np.percentile(boot, 97.5)) - mu, mde=(Z975 + Z80) * float(null.std(ddof=1)),
+                v=v_obs, null_mean=mu, p=float((null >= v_obs - 1e-12).mean()), n=int(c.sum()))
+
+
+def concentration(counts: pd.DataFrame) -> str:
+    """Median share of a row's items in its most frequent column and how many distinct top columns the rows have."""
+    share = counts.max(axis=1) / counts.sum(axis=1)
+    tops = counts.idxmax(axis=1)
+    return (f"median top-cluster share {share.median():.2f}; {tops.nunique()} distinct top clusters for "
+            f"{len(tops)} rows ({', '.join(f'{r}->{t}' for r, t in tops.items())})")
+
+
+def dependence_table(counts: pd.DataFrame, what: str, n_shuffles: int = 2000) -> pd.DataFrame:
+    """One row: the :func:`independence_test` of a rows x clusters count table (Cramér's V, its shuffled-label
+    mean, V minus that mean with its bootstrap interval, MDE, permutation p) with the concentration beside it (each
+    row's share in its top cluster: median, and the number of distinct top clusters)."""
+    r = independence_test(counts.to_numpy(), n_shuffles=n_shuffles)
+    share = counts.max(axis=1) / counts.sum(axis=1)
+    return pd.DataFrame([{"table": what, "rows": len(counts), "clusters": counts.shape[1], "n": r["n"],
+                          "cramers_v": r["v"], "null_mean_v": r["null_mean"], "v_minus_null": r["ours"],
+                          "ci_low": r["ci_low"], "ci_high": r["ci_high"], "mde": r["mde"], "p_permutation": r["p"],
+                          "median_top_share": float(share.median()), "distinct_top_clusters": int(
+                              counts.idxmax(axis=1).nunique())}])
