@@ -2,7 +2,12 @@
 
 - prompts spanning many subjects (the paper: 57 MMLU subjects): WordNet lexicographer files
   (:func:`wordnet_subject_texts`, read from the real WordNet 3.0 database by :mod:`moelab.suite.wordnet`);
-- contrastive training pairs / triplets -> tokenised batches (:class:`PairCollate`);
+- contrastive training pairs / triplets -> tokenised batches (:class:`PairCollate`); :func:`short_pairs` keeps the
+  pairs whose two sides fit a token budget (all-nli's sentences are short; the suite's long BIG-bench inputs would pad
+  every batch to 128 tokens);
+- the stand-in benchmarks (:mod:`moelab.suite.embed`) scored by MTEB's protocol (:func:`evaluate_benchmarks`:
+  clustering by ``MiniBatchKMeans`` with batch 500, :func:`v_measure_mteb`), each mapped to one column of the paper's
+  Tables I/II (:data:`STANDIN_COLUMNS`; retrieval has none and is an extension);
 - paper profile, from local copies (nothing can be downloaded here): sentence-transformers/all-nli's ``triplet``
   subset (:func:`load_allnli_triplets`; ``NLI_PATH`` may point at the all-nli root, its ``triplet/`` folder or a
   file) and the three MTEB tasks of Tables I/II (:func:`load_mteb_local`, scored by :func:`evaluate_mteb_local`).
@@ -21,16 +26,23 @@ from sklearn.metrics import average_precision_score, v_measure_score
 
 from moelab.assets import MissingAsset
 from moelab.profiles import paper_input_hint
+from moelab.stats import bootstrap_ci
+from moelab.suite import embed as suite_embed
 from moelab.suite import wordnet
 
-__all__ = ["wordnet_subject_texts", "PairCollate", "ALLNLI_SUBSETS", "MTEB_TASKS", "MTEB_CLUSTERING_BATCH",
-           "find_allnli_triplet_dir", "load_allnli_triplets", "load_mteb_local", "evaluate_mteb_local"]
+__all__ = ["wordnet_subject_texts", "PairCollate", "short_pairs", "ALLNLI_SUBSETS", "MTEB_TASKS",
+           "MTEB_CLUSTERING_BATCH", "STANDIN_COLUMNS", "find_allnli_triplet_dir", "load_allnli_triplets",
+           "load_mteb_local", "v_measure_mteb", "evaluate_mteb_local", "cached_encoder", "evaluate_benchmarks"]
 
 ALLNLI_SUBSETS = ("pair", "pair-class", "pair-score", "triplet")  # the folders of sentence-transformers/all-nli
 MTEB_TASKS = {"STSBenchmark": ["sentence1", "sentence2", "score"],
               "StackExchangeClustering": ["sentences", "labels"],
               "SprintDuplicateQuestions": ["sentence1", "sentence2", "labels"]}
 MTEB_CLUSTERING_BATCH = 500  # MTEB's clustering protocol: MiniBatchKMeans(batch_size=500)
+# each stand-in benchmark of moelab.suite.embed -> the one column of Tables I/II it stands in for (None: extension)
+STANDIN_COLUMNS = {"wordnet_sts": "STSBenchmark", "wordnet_clustering": "StackExchangeClustering",
+                   "bigbench_clustering": "StackExchangeClustering", "wordnet_pairs": "SprintDuplicateQuestions",
+                   "code_retrieval": None, "wordnet_retrieval": None}
 _TABLE_EXT = (".jsonl", ".jsonl.gz", ".json", ".parquet", ".csv")
 _ALLNLI = "all-nli (sentence-transformers/all-nli, triplet)"
 
@@ -84,6 +96,113 @@ class PairCollate:
         if len(cols) == 3:
             out["negative"] = dict(self.tok_d(list(cols[2])))
         return out
+
+
+def short_pairs(pairs, tokenize, max_tokens: int = 32) -> list:
+    """The pairs (or triplets) every side of which is at most ``max_tokens`` tokens long by ``tokenize(text) ->
+    input ids`` (special tokens included), in their order (notebook 02_sba: the stand-in's training and validation
+    pairs)."""
+    if max_tokens < 2:
+        raise ValueError(f"max_tokens={max_tokens!r} must be >= 2 (the special tokens alone take 2)")
+    out = [p for p in pairs if all(len(tokenize(t)) <= max_tokens for t in p)]
+    if not out:
+        raise ValueError(f"no pair has every side within {max_tokens} tokens; raise max_tokens")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the stand-in benchmarks scored by MTEB's protocol
+# ----------------------------------------------------------------------------------------------------------------------
+def v_measure_mteb(emb, labels, seed: int = 0) -> float:
+    """MTEB's clustering score (SBA paper §V-C, StackExchangeClustering): ``MiniBatchKMeans`` with k = the number of
+    labels, batch size :data:`MTEB_CLUSTERING_BATCH` (500) and ``n_init="auto"``, then the V-measure of its labels."""
+    labels = list(labels)
+    emb = np.asarray(emb, dtype=float)
+    if emb.ndim != 2 or len(emb) != len(labels):
+        raise ValueError(f"embeddings of shape {emb.shape} for {len(labels)} labels; expected [n, d] with n = labels")
+    k = len(set(labels))
+    pred = MiniBatchKMeans(n_clusters=k, batch_size=MTEB_CLUSTERING_BATCH, n_init="auto",
+                           random_state=seed).fit_predict(emb)
+    return float(v_measure_score(labels, pred))
+
+
+def cached_encoder(encode_fn):
+    """``encode_fn`` that encodes every distinct text once and remembers it: a list with repeats (pair
+    classification repeats each example sentence) or texts seen in an earlier call cost nothing more. Returns
+    ``texts -> array [len(texts), d]`` in the order given."""
+    store: dict = {}
+
+    def encode(texts):
+        texts = list(texts)
+        new = [t for t in dict.fromkeys(texts) if t not in store]
+        if new:
+            emb = np.asarray(encode_fn(new))
+            if emb.ndim != 2 or len(emb) != len(new):
+                raise ValueError(f"encode_fn returned shape {emb.shape} for {len(new)} texts; expected [n, d]")
+            store.update(zip(new, emb))
+        return np.stack([store[t] for t in texts])
+
+    return encode
+
+
+def _row_cosines(a, b) -> np.ndarray:
+    """cos(a_i, b_i) for every row i of two [n, d] arrays."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    na = np.maximum(np.linalg.norm(a, axis=1), 1e-12)
+    nb = np.maximum(np.linalg.norm(b, axis=1), 1e-12)
+    return (a * b).sum(1) / (na * nb)
+
+
+def _spearman(cos, gold) -> float:
+    return float(spearmanr(cos, gold).statistic)
+
+
+def _average_precision(cos, labels) -> float:
+    return float(average_precision_score(labels, cos))
+
+
+def evaluate_benchmarks(encode_fn, benches: dict, seed: int = 0, n_boot: int = 1000) -> pd.DataFrame:
+    """The stand-in benchmarks ``benches`` (:func:`moelab.suite.embed.benchmarks`) scored as MTEB scores the paper's
+    tasks (SBA paper §V-C; notebook 02_sba), with the metrics of :mod:`moelab.suite.embed`:
+
+    - STS: Spearman of the pairs' cosine similarity with the gold; pair classification: average precision of the
+      cosine (``cosine_spearman`` / ``cosine_ap``); percentile bootstrap over pairs, resampling the pairs' cosines
+      (the same intervals as resampling their embeddings, at a cost that does not grow with the embedding width:
+      the bag-of-words baseline has thousands of dimensions);
+    - clustering: MTEB's protocol (:func:`v_measure_mteb`: ``MiniBatchKMeans`` with batch 500; the suite's own
+      scorer uses batch 32), one V-measure per fixed subset, bootstrap over subsets;
+    - retrieval: :func:`moelab.suite.embed.evaluate` (recall@1 both ways).
+
+    Every distinct text is encoded once (:func:`cached_encoder`). Returns [benchmark, kind, metric, score, ci_low,
+    ci_high, n, column] in the order of ``benches`` (``column``: :data:`STANDIN_COLUMNS`)."""
+    if not benches:
+        raise ValueError("no benchmarks to evaluate")
+    enc = cached_encoder(encode_fn)
+    rng = np.random.default_rng(seed)
+    frames = []
+    for name, b in benches.items():
+        if b.kind == "retrieval":
+            frames.append(suite_embed.evaluate(enc, {name: b}, n_boot=n_boot, seed=seed))
+            continue
+        if b.kind == "clustering":
+            scores = np.array([v_measure_mteb(enc(t), lab, seed) for t, lab in b.subsets])
+            est, lo, hi = bootstrap_ci(scores, n_boot=n_boot, seed=seed)
+            metric, n = "v_measure", len(scores)
+        elif b.kind in ("sts", "pairclass"):
+            if not b.texts_a or len(b.texts_a) != len(b.texts_b):
+                raise ValueError(f"benchmark {name!r} is empty or has unequal sides")
+            fn, metric = (_spearman, "cosine_spearman") if b.kind == "sts" else (_average_precision, "cosine_ap")
+            cos, gold = _row_cosines(enc(b.texts_a), enc(b.texts_b)), np.asarray(b.gold)
+            n = len(cos)
+            est = fn(cos, gold)
+            boots = [fn(cos[i], gold[i]) for i in rng.integers(0, n, size=(n_boot, n))]
+            lo, hi = (float(q) for q in np.quantile(boots, [0.025, 0.975]))
+        else:
+            raise ValueError(f"unknown benchmark kind {b.kind!r} for {name!r}")
+        frames.append(pd.DataFrame([dict(benchmark=name, kind=b.kind, metric=metric, score=est, ci_low=lo,
+                                         ci_high=hi, n=n)]))
+    out = pd.concat(frames, ignore_index=True)
+    return out.assign(column=out.benchmark.map(STANDIN_COLUMNS))
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -183,10 +302,6 @@ def load_mteb_local(root, split: str = "test") -> dict:
     return out
 
 
-def _cosines(a, b):
-    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-
-
 def evaluate_mteb_local(encode_fn, tasks: dict, seed: int = 0) -> pd.DataFrame:
     """MTEB's main scores on local copies (per set / per item rows: task, item, metric, score; notebook 02_sba):
     STS Spearman of cosine vs gold, clustering V-measure of mini-batch k-means (k = #labels, batch 500 as MTEB, per
@@ -194,22 +309,17 @@ def evaluate_mteb_local(encode_fn, tasks: dict, seed: int = 0) -> pd.DataFrame:
     rows = []
     if "STSBenchmark" in tasks:
         df = tasks["STSBenchmark"]
-        cos = _cosines(encode_fn(list(df.sentence1)), encode_fn(list(df.sentence2)))
-        rows.append(dict(task="STSBenchmark", item=0, metric="cos_spearman",
-                         score=float(spearmanr(cos, df.score).statistic)))
+        cos = _row_cosines(encode_fn(list(df.sentence1)), encode_fn(list(df.sentence2)))
+        rows.append(dict(task="STSBenchmark", item=0, metric="cos_spearman", score=_spearman(cos, df.score)))
     if "StackExchangeClustering" in tasks:
         for i, r in enumerate(tasks["StackExchangeClustering"].itertuples(index=False)):
-            emb = encode_fn(list(r.sentences))
-            k = len(set(r.labels))
-            pred = MiniBatchKMeans(n_clusters=k, batch_size=MTEB_CLUSTERING_BATCH, n_init="auto",
-                                   random_state=seed).fit_predict(emb)
             rows.append(dict(task="StackExchangeClustering", item=i, metric="v_measure",
-                             score=float(v_measure_score(list(r.labels), pred))))
+                             score=v_measure_mteb(encode_fn(list(r.sentences)), r.labels, seed)))
     if "SprintDuplicateQuestions" in tasks:
         for i, r in enumerate(tasks["SprintDuplicateQuestions"].itertuples(index=False)):
-            cos = _cosines(encode_fn(list(r.sentence1)), encode_fn(list(r.sentence2)))
+            cos = _row_cosines(encode_fn(list(r.sentence1)), encode_fn(list(r.sentence2)))
             rows.append(dict(task="SprintDuplicateQuestions", item=i, metric="cos_ap",
-                             score=float(average_precision_score(np.asarray(list(r.labels)), cos))))
+                             score=_average_precision(cos, np.asarray(list(r.labels)))))
     if not rows:
         raise ValueError(f"no known MTEB task among {list(tasks)}")
     return pd.DataFrame(rows)

@@ -4,12 +4,14 @@ protocol, and the measurements after each run.
 - :func:`mnrl_loss`, :func:`finetune_embedder`: MNRL with in-batch negatives through :func:`moelab.train.train`.
 - Phase (b), :func:`train_until_plateau`: train the nomic-layout stand-in with linear aggregation for a length fixed
   by a validation-loss criterion (:func:`plateau_reached`), not by the geometry measured afterwards; returns the
-  checkpoint.
+  checkpoint. :func:`phase_b_run`: phases (a) and (b) as one memoisable run (init damage with and without
+  compensation, geometry at init, training, geometry, benchmarks and router movement after).
 - Phase (c), :func:`finetune_checkpoint`: from that one checkpoint, fine-tune with a chosen aggregation (linear,
   SBA, norm-free, unit-output) for fixed steps and seed, as the paper fine-tunes nomic; :func:`swap_aggregation`:
   the cheap arm that swaps the aggregation on the checkpoint without fine-tuning.
 - :func:`measure_embedder`: benchmarks, geometry over subject prompts, expert similarity of one model.
-- The earlier runs (renormalised stand-in, drop ablation) and the paper profile on nomic itself.
+- The earlier runs (renormalised stand-in; the "experts half random" drop ablation, :func:`drop_ablation_init` for
+  its untrained scores) and the paper profile on nomic itself.
 """
 from __future__ import annotations
 
@@ -21,21 +23,24 @@ import numpy as np
 import pandas as pd
 import torch
 from torch.utils.data import DataLoader
+from transformers import AutoTokenizer
 
+from moelab.assets import minilm_path
 from moelab.core.layer import aux_loss
 from moelab.seed import seed_everything
 from moelab.suite import embed as suite_embed
 from moelab.train import Hooks, TrainConfig, flattened, train
 
-from .data import PairCollate, evaluate_mteb_local
-from .geometry import collect_geometry, moe_specialisation, nomic_forward_fn, st_forward_fn
+from .data import PairCollate, evaluate_benchmarks, evaluate_mteb_local, short_pairs
+from .geometry import collect_geometry, moe_specialisation, nomic_forward_fn, router_movement, st_forward_fn
 from .loader import load_nomic
 from .method import check_aggregation, set_aggregation
-from .standin import build_moe_minilm, build_nomic_layout_minilm, st_encode_fn
+from .standin import build_moe_minilm, build_nomic_layout_minilm, init_damage, st_encode_fn
 
 __all__ = ["st_embed", "nomic_embed", "mnrl_loss", "finetune_embedder", "validation_mnrl", "plateau_reached",
-           "PLATEAU_RULE", "train_until_plateau", "load_checkpoint", "finetune_checkpoint", "swap_aggregation",
-           "measure_embedder", "phase_c_run", "swap_run", "finetune_and_measure", "init_geometry",
+           "PLATEAU_RULE", "train_until_plateau", "phase_b_run", "load_checkpoint", "finetune_checkpoint",
+           "swap_aggregation", "measure_embedder", "phase_c_run", "swap_run", "finetune_and_measure", "init_geometry",
+           "drop_ablation_init", "nomic_measure",
            "nomic_finetune_and_measure", "evaluate_mteb_local_nomic", "PHASE_B_FILE", "run_from_config"]
 
 PLATEAU_RULE = ("stop at the first evaluation n (n >= window) where the best validation loss of the last `window` "
@@ -238,6 +243,37 @@ def train_until_plateau(model, train_pairs, val_pairs, *, max_steps: int, eval_e
                 history=pd.DataFrame(rows), wall_s=(pd.Timestamp.now() - t0).total_seconds(), model=model)
 
 
+def phase_b_run(base, *, calib_texts, heldout_texts, train_pairs, val_pairs, subjects: dict, evaluate=None,
+                base_scores=None, max_tokens: int = 200, seed: int = 0, init: str = "cluster",
+                cluster_kw: dict | None = None, **train_kw) -> dict:
+    """Phases (a) and (b) of issue 19 (items 1a, 1b; notebook 02_sba) as one run.
+
+    (a) :func:`moelab.sba.init_damage`: the nomic-layout MoE of the dense ``base`` (``init``, calibrated on
+    ``calib_texts``) with and without kept-mass compensation, against ``base`` on ``heldout_texts`` (and
+    ``evaluate``'s benchmarks for all three; ``base_scores``: the dense model's, when already computed); the
+    compensated model is phase (b)'s start, measured over ``subjects``.
+    (b) :func:`train_until_plateau` from it (``train_kw``: ``max_steps``, ``eval_every``, ``window``,
+    ``min_rel_improvement``, ``batch_size``, ``lr``, ...), then the checkpoint measured (benchmarks, geometry,
+    expert similarity) and :func:`moelab.sba.router_movement` from the start to the checkpoint on the subject texts.
+
+    Returns dict(damage, damage_scores, factors (phase a), init (measure dict at the start), checkpoint, steps,
+    checkpoint_step, stopped, improvement, rule, val, history, wall_s (phase b), after (measure dict of the
+    checkpoint), movement)."""
+    damage = init_damage(base, calib_texts, heldout_texts, evaluate=evaluate, seed=seed, init=init,
+                         build_kw=dict(cluster_kw=cluster_kw) if cluster_kw else None, base_scores=base_scores)
+    start = damage["models"][f"{init} (nomic layout, compensated)"]
+    untrained = copy.deepcopy(start)
+    at_init = measure_embedder(start, subjects=subjects, max_tokens=max_tokens)
+    res = train_until_plateau(start, train_pairs, val_pairs, seed=seed, **train_kw)
+    trained = res["model"]
+    trained.load_state_dict(res["checkpoint"])  # keep="best": measure the checkpoint, not the last step
+    after = measure_embedder(trained, evaluate=evaluate, subjects=subjects, max_tokens=max_tokens)
+    movement = router_movement(untrained, trained, [t for v in subjects.values() for t in v])
+    keys = ("checkpoint", "steps", "checkpoint_step", "stopped", "improvement", "rule", "val", "history", "wall_s")
+    return dict(damage=damage["table"], damage_scores=damage["scores"], factors=damage["factors"], init=at_init,
+                after=after, movement=movement, **{k: res[k] for k in keys})
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # phase (c): from one checkpoint, one aggregation, fixed steps and seed; and the swap-without-fine-tuning arm
 # ----------------------------------------------------------------------------------------------------------------------
@@ -343,6 +379,20 @@ def finetune_and_measure(*, aggregation: str, seed: int, train_pairs, val_pairs,
                 **out)
 
 
+def drop_ablation_init(*, aggregations, seed: int = 0, drop_ratio: float = 0.5, evaluate=None, subjects=None,
+                       max_tokens: int = 200, base=None) -> dict:
+    """The "experts half random" ablation before any training (notebook 02_sba, full profile; issue 19): one
+    renormalised Drop-Upcycled MiniLM (:func:`moelab.sba.build_moe_minilm`, ``init="drop"``; a copy of ``base``
+    instead of MiniLM when given) measured under each of ``aggregations`` (:func:`measure_embedder`). With half of
+    every expert re-drawn, the ranking of the aggregations is set here, before fine-tuning. Returns {aggregation:
+    measure dict}."""
+    if not aggregations:
+        raise ValueError("drop_ablation_init needs at least one aggregation")
+    st = build_moe_minilm(renormalize=True, init="drop", seed=seed, drop_ratio=drop_ratio, base=base)
+    return {agg: measure_embedder(set_aggregation(st, agg), evaluate=evaluate, subjects=subjects,
+                                  max_tokens=max_tokens) for agg in aggregations}
+
+
 def init_geometry(*, subjects: dict, renormalize: bool, init: str, seed: int = 0, drop_ratio: float = 0.5,
                   max_tokens: int = 200, calib_texts=None) -> dict:
     """Geometry, routing and expert similarity of a freshly upcycled renormalised-layout MoE MiniLM."""
@@ -357,6 +407,24 @@ def evaluate_mteb_local_nomic(model, mteb_tasks, seed: int = 0) -> pd.DataFrame:
     return evaluate_mteb_local(lambda t: model.encode(t, kind="document").numpy(), mteb_tasks, seed=seed)
 
 
+def _device(device: str) -> str:
+    """``device``, with "auto" resolved to CUDA when available, else the CPU."""
+    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+
+
+def nomic_measure(model_path, *, aggregation: str = "linear", subjects: dict | None = None, max_tokens: int = 200,
+                  mteb_tasks=None, seed: int = 0, device: str = "cpu") -> dict:
+    """Paper profile (SBA paper §III, §V-A; notebook 02_sba): pretrained nomic-embed-text-v2-moe from a local path
+    with ``aggregation`` in place of the linear sum and no fine-tuning, measured as :func:`measure_embedder` (geometry
+    over ``subjects``) with ``eval`` = the MTEB tasks from local copies (None without ``mteb_tasks``). With "linear"
+    this is the trained MoE the paper's figures describe (phase (b)'s place); otherwise the swap arm. ``device``
+    "auto" picks CUDA when available."""
+    m = load_nomic(model_path, aggregation=aggregation, device=_device(device))
+    out = measure_embedder(m, subjects=subjects, max_tokens=max_tokens, forward_fn=nomic_forward_fn(m))
+    out["eval"] = None if mteb_tasks is None else evaluate_mteb_local_nomic(m, mteb_tasks, seed=seed)
+    return out
+
+
 def nomic_finetune_and_measure(*, model_path, aggregation: str, seed: int, train_triplets, val_triplets,
                                subjects: dict, steps: int, batch_size: int, lr: float, grad_accum: int = 1,
                                eval_every: int = 0, max_tokens: int = 200, mteb_tasks=None, device: str = "cpu",
@@ -365,8 +433,7 @@ def nomic_finetune_and_measure(*, model_path, aggregation: str, seed: int, train
     linear sum, fine-tuned with MNRL on all-nli triplets (query prefix on anchors, document prefix on the rest),
     evaluated on the three MTEB tasks from local copies; geometry over ``subjects`` after training."""
     seed_everything(seed)
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = _device(device)
     m = load_nomic(model_path, aggregation=aggregation, device=device)
     collate = PairCollate(lambda t: m.tokenize(t, "query"), lambda t: m.tokenize(t, "document"))
     res = finetune_embedder(m, train_triplets, val_triplets, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
@@ -395,18 +462,25 @@ def run_from_config(config: dict) -> dict:
     ``python -m moelab.launch moelab.sba:run_from_config --config cfg.json``.
 
     Keys: ``phase`` ("b" or "c"), ``out_dir`` (phase b writes ``phase_b.pt`` there, phase c reads it), ``profile``
-    (the suite's pairs: smoke / default / full), ``seed``. Phase b: ``calib_texts`` (number of training anchors that
+    (the suite's pairs: smoke / default / full), ``seed``, ``max_pair_tokens`` (32: only the pairs whose two sides
+    fit in that many MiniLM tokens train and validate, as in the notebook). Phase b: ``calib_texts`` (number of
+    training anchors that
     calibrate the cluster-aware init and the compensation; 256), ``compensate`` (true), and
     :func:`train_until_plateau`'s ``max_steps``, ``eval_every``, ``window``, ``min_rel_improvement``, ``batch_size``,
     ``lr``, ``warmup_frac``, ``aux_coef``, ``val_batches``, ``keep``, ``device``. Phase c: ``aggregation`` and
     :func:`finetune_checkpoint`'s ``steps``, ``batch_size``, ``lr``, ``eval_every``, ``warmup_frac``, ``aux_coef``,
-    ``val_batches``, ``device``; ``benchmarks`` (a suite profile, or null for none). Returns a JSON-able summary."""
+    ``val_batches``, ``device``; ``benchmarks`` (a suite profile, or null for none; scored by
+    :func:`moelab.sba.evaluate_benchmarks`). Returns a JSON-able summary."""
     if not isinstance(config, dict) or config.get("phase") not in ("b", "c") or not config.get("out_dir"):
         raise ValueError(f"config needs 'phase' ('b' or 'c') and 'out_dir', got {config!r}")
     cfg = dict(config)
     phase, out = cfg.pop("phase"), Path(cfg.pop("out_dir"))
     profile, seed = cfg.pop("profile", "smoke"), int(cfg.pop("seed", 0))
-    data = suite_embed.pairs(profile)
+    n_tok = int(cfg.pop("max_pair_tokens", 32))
+    tokenizer = AutoTokenizer.from_pretrained(str(minilm_path()))
+    pairs = suite_embed.pairs(profile)
+    data = {k: short_pairs(pairs[k], lambda t: tokenizer(t, truncation=True, max_length=n_tok + 1)["input_ids"], n_tok)
+            for k in ("train", "validation")}
     if phase == "b":
         n_calib, compensate = int(cfg.pop("calib_texts", 256)), bool(cfg.pop("compensate", True))
         _no_unknown(cfg, _PHASE_B_KEYS, "b")
@@ -414,8 +488,9 @@ def run_from_config(config: dict) -> dict:
         model = build_nomic_layout_minilm(init="cluster", calib_texts=calib, seed=seed, compensate=compensate)
         res = train_until_plateau(model, data["train"], data["validation"], seed=seed, **cfg)
         out.mkdir(parents=True, exist_ok=True)
-        meta = dict(profile=profile, seed=seed, calib_texts=n_calib, compensate=compensate, steps=res["steps"],
-                    checkpoint_step=res["checkpoint_step"], stopped=res["stopped"], rule=res["rule"])
+        meta = dict(profile=profile, seed=seed, max_pair_tokens=n_tok, calib_texts=n_calib, compensate=compensate,
+                    steps=res["steps"], checkpoint_step=res["checkpoint_step"], stopped=res["stopped"],
+                    rule=res["rule"])
         torch.save(dict(checkpoint=res["checkpoint"], meta=meta), out / PHASE_B_FILE)
         return dict(meta, improvement=res["improvement"], val=res["val"].to_dict("records"),
                     checkpoint=str(out / PHASE_B_FILE))
@@ -433,7 +508,7 @@ def run_from_config(config: dict) -> dict:
     ev = None
     if bench:
         benches = suite_embed.benchmarks(bench)
-        ev = suite_embed.evaluate(st_encode_fn(res.model.eval()), benches).to_dict("records")
+        ev = evaluate_benchmarks(st_encode_fn(res.model.eval()), benches, seed=seed).to_dict("records")
     return dict(phase_b=saved["meta"], aggregation=aggregation, seed=seed, steps=steps,
                 val=res.eval_history.to_dict("records"), eval=ev)
 

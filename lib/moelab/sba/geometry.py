@@ -19,6 +19,7 @@ Per token and MoE layer, with the two chosen experts in router rank order (``e_1
 
 Specialisation: :func:`routing_jsd` (Jensen-Shannon divergence of expert usage across subjects) and
 :func:`moe_specialisation` (mean pairwise cosine similarity of the experts' weights, :func:`expert_similarity`).
+Router movement between two models of one layout (phase (b) of issue 19): :func:`router_movement`.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from .method import AGGREGATIONS
 __all__ = ["ZERO_NORM_EPS", "CONCENTRATION_TOL", "CONCENTRATION_READING", "pair_geometry", "geometry_frame",
            "collect_geometry", "summarize_geometry", "norm_ratio_concentration", "fig5_table",
            "shrinkage_decomposition", "routing_jsd", "moe_specialisation", "expert_similarity", "jensen_shannon",
-           "st_forward_fn", "nomic_forward_fn"]
+           "routed_experts", "router_movement", "st_forward_fn", "nomic_forward_fn"]
 
 ZERO_NORM_EPS = 1e-8
 CONCENTRATION_TOL = 0.10
@@ -284,6 +285,53 @@ def moe_specialisation(model) -> pd.DataFrame:
     """Mean pairwise expert similarity per MoE layer of a model (1 = the experts are still copies)."""
     return pd.DataFrame([dict(layer=i, expert_similarity=expert_similarity(l))
                          for i, l in enumerate(moe_layers(model))])
+
+
+@torch.no_grad()
+def routed_experts(model, forward_fn, texts) -> list:
+    """Per MoE layer of ``model`` (in order): the chosen experts of every real token of ``texts``, ``[T, k]`` in
+    router rank order (``forward_fn`` as for :func:`collect_geometry`; padding dropped)."""
+    texts = list(texts)
+    if not texts:
+        raise ValueError("routed_experts needs texts")
+    with capture_moe(model, keep_outputs=False, stats=False) as cap:
+        mask = forward_fn(texts)
+    out = []
+    for rec in cap.records.values():
+        idx = rec["indices"]
+        out.append(idx if mask is None else idx[mask.bool()[rec["positions"]]])
+    return out
+
+
+@torch.no_grad()
+def router_movement(model_a, model_b, texts, forward_fn_a=None, forward_fn_b=None) -> pd.DataFrame:
+    """How far routing moved from ``model_a`` (e.g. the phase-(b) start) to ``model_b`` (its end), per MoE layer
+    (issue 19 item 1b; notebook 02_sba), on the same real tokens of ``texts``:
+
+    - ``top1_agreement``: share of tokens whose top-ranked expert is the same in both (1 = unmoved);
+    - ``topk_set_agreement``: share whose set of chosen experts is the same;
+    - ``router_weight_change``: ``||W_b - W_a||_F / ||W_a||_F`` of the router's weights.
+
+    Token positions must match: both models tokenise the same texts (one tokenizer). Returns one row per layer and a
+    ``mean`` row."""
+    la, lb = moe_layers(model_a), moe_layers(model_b)
+    if not la or len(la) != len(lb):
+        raise ValueError(f"the two models have {len(la)} and {len(lb)} MoE layers; expected the same layout")
+    ia = routed_experts(model_a, forward_fn_a or st_forward_fn(model_a), texts)
+    ib = routed_experts(model_b, forward_fn_b or st_forward_fn(model_b), texts)
+    rows = []
+    for i, (xa, xb, a, b) in enumerate(zip(ia, ib, la, lb)):
+        if xa.shape != xb.shape:
+            raise ValueError(f"MoE layer {i}: {tuple(xa.shape)} vs {tuple(xb.shape)} routed tokens; the models must "
+                             "see the same tokens")
+        wa, wb = a.router.weight.detach().double().cpu(), b.router.weight.detach().double().cpu()
+        rows.append(dict(layer=i, n_tokens=len(xa), top1_agreement=float((xa[:, 0] == xb[:, 0]).double().mean()),
+                         topk_set_agreement=float((xa.sort(-1).values == xb.sort(-1).values).all(-1).double().mean()),
+                         router_weight_change=float((wb - wa).norm() / wa.norm())))
+    df = pd.DataFrame(rows)
+    mean = df.drop(columns=["layer", "n_tokens"]).mean().to_dict()
+    return pd.concat([df.astype({"layer": object}), pd.DataFrame([dict(layer="mean", n_tokens=int(df.n_tokens.sum()),
+                                                                        **mean)])], ignore_index=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -13,11 +13,18 @@ from moelab.core import diagnostics
 from moelab.stats import bootstrap_ci
 
 from .experiment import _flattened
-from .geometry import routing_jsd
+from .geometry import routing_jsd, summarize_geometry
 from .method import AGGREGATIONS
 
 __all__ = ["scores_long", "training_table", "phase_b_table", "plot_validation", "plt_subplots", "plot_hist",
-           "plot_fig5", "specialisation_table", "table_one"]
+           "plot_fig5", "specialisation_table", "table_one", "REGIME_ANGLE", "REGIME_ANGLE_SHARE", "regime_check",
+           "stage_summaries", "separation_table", "scores_wide", "ablation_table", "specialisation_summary",
+           "pretrained_phase_b_table"]
+
+# The paper's regime (issue 19): trained experts (phase (b) stopped by its validation rule, not by its step budget)
+# whose active pairs are mostly more than 40 degrees apart (Fig. 2: "the majority of angular separations exceed 40°").
+REGIME_ANGLE = 40.0
+REGIME_ANGLE_SHARE = 0.5
 
 _COLORS = {"linear": "tab:blue", "sba": "tab:orange", "sba_normfree": "tab:green", "sba_unit": "tab:red"}
 
@@ -81,6 +88,14 @@ def phase_b_table(res: dict) -> pd.DataFrame:
                               wall_s=res["wall_s"], rule=res["rule"])])
 
 
+def pretrained_phase_b_table(name: str) -> pd.DataFrame:
+    """The phase-(b) row of the paper profile: the pretrained MoE (``name``) is the trained model the paper's figures
+    describe, so no phase (b) runs (``stopped`` True: its training is its authors')."""
+    return pd.DataFrame([dict(steps=0, checkpoint_step=0, stopped=True, improvement=np.nan, n_evals=0,
+                              val_mnrl_first=np.nan, val_mnrl_best=np.nan, val_mnrl_last=np.nan, wall_s=0.0,
+                              rule=f"none: {name} is pretrained (trained by its authors)")])
+
+
 def plot_validation(runs: dict):
     fig, ax = plt_subplots(1, 1, figsize=(5, 3.2))
     for (agg, seed), r in runs.items():
@@ -108,17 +123,18 @@ def plot_hist(geo: pd.DataFrame, col: str, xlabel: str, by: str = "model", bins:
     return fig
 
 
-def plot_fig5(geo: pd.DataFrame, reference: str = "r_bar"):
-    """Fig. 5: each model's own operator (linear-trained: linear; SBA-trained: SBA), init models both; ``reference``
-    "r_bar" plots ||y|| / mean(r1, r2), "sum_w_r" plots ||y|| / Σ_i w_i r_i (see :func:`moelab.sba.pair_geometry`)."""
+def plot_fig5(geo: pd.DataFrame, reference: str = "r_bar", operators=None):
+    """Fig. 5: ``reference`` "r_bar" plots ||y|| / mean(r1, r2), "sum_w_r" plots ||y|| / Σ_i w_i r_i (see
+    :func:`moelab.sba.pair_geometry`), per ``model`` of ``geo``. ``operators``: the operators drawn for every model
+    (e.g. linear and SBA on the same phase-(b) outputs); None: init models both, fine-tuned ones their own."""
     if reference not in ("r_bar", "sum_w_r"):
         raise ValueError(f"reference={reference!r}; expected 'r_bar' or 'sum_w_r'")
     prefix = "ratio_" if reference == "r_bar" else "radius_ratio_"
     fig, ax = plt_subplots(1, 1, figsize=(6, 3.4))
     edges = np.linspace(0, 1.3, 66)
     for name, d in geo.groupby("model", sort=False):
-        ops = ["linear", "sba"] if d.stage.iloc[0] == "init" else (
-            [name.split(" ")[0]] if name.split(" ")[0] in AGGREGATIONS else ["linear"])
+        ops = list(operators) if operators else (["linear", "sba"] if d.stage.iloc[0] == "init" else (
+            [name.split(" ")[0]] if name.split(" ")[0] in AGGREGATIONS else ["linear"]))
         for op in ops:
             ax.hist(d[f"{prefix}{op}"].clip(0, 1.3), bins=edges, density=True, histtype="step", lw=1.3,
                     ls="-" if op == "linear" else "--", label=f"{name}: {op}")
@@ -130,17 +146,22 @@ def plot_fig5(geo: pd.DataFrame, reference: str = "r_bar"):
     return fig
 
 
+def specialisation_summary(measures: dict) -> pd.DataFrame:
+    """Routing JSD across subjects (mean over MoE layers) and mean expert similarity of each ``{model: measure dict}``
+    (:func:`moelab.sba.measure_embedder`)."""
+    return pd.DataFrame([dict(model=name, **_specialisation(r)) for name, r in measures.items()])
+
+
+def _specialisation(r: dict) -> dict:
+    return dict(routing_jsd_bits=float(routing_jsd(r["counts"]).set_index("layer").loc["mean", "jsd_bits"]),
+                expert_similarity=float(r["similarity"].expert_similarity.mean()))
+
+
 def specialisation_table(inits: dict, runs: dict) -> pd.DataFrame:
     """Routing JSD across subjects (mean over MoE layers) and mean expert similarity, at init and after training."""
-    rows = []
-    for name, r in inits.items():
-        rows.append(dict(model=name, stage="init", seed=None,
-                         routing_jsd_bits=float(routing_jsd(r["counts"]).set_index("layer").loc["mean", "jsd_bits"]),
-                         expert_similarity=float(r["similarity"].expert_similarity.mean())))
-    for (agg, seed), r in runs.items():
-        rows.append(dict(model=f"{agg} (fine-tuned)", stage="fine-tuned", seed=seed,
-                         routing_jsd_bits=float(routing_jsd(r["counts"]).set_index("layer").loc["mean", "jsd_bits"]),
-                         expert_similarity=float(r["similarity"].expert_similarity.mean())))
+    rows = [dict(model=name, stage="init", seed=None, **_specialisation(r)) for name, r in inits.items()]
+    rows += [dict(model=f"{agg} (fine-tuned)", stage="fine-tuned", seed=seed, **_specialisation(r))
+             for (agg, seed), r in runs.items()]
     return pd.DataFrame(rows)
 
 
@@ -157,4 +178,85 @@ def table_one(scores: pd.DataFrame) -> pd.DataFrame:
         if "ci_low" in d.columns:
             row.update(run_ci_low=100 * d.ci_low.mean(), run_ci_high=100 * d.ci_high.mean())
         rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# phase (b): the regime reached, the benchmarks' power to separate, the drop ablation
+# ----------------------------------------------------------------------------------------------------------------------
+def regime_check(phase_b: pd.DataFrame, geometry: pd.DataFrame, stage: str = "phase b") -> dict:
+    """Whether phase (b) reached the paper's regime (issue 19 item 1b; notebook 02_sba and its claims): the run was
+    stopped by its validation-plateau rule (``phase_b``: :func:`phase_b_table`, column ``stopped``) and more than
+    :data:`REGIME_ANGLE_SHARE` of the active expert pairs of the trained model are more than :data:`REGIME_ANGLE`
+    degrees apart (``geometry``: :func:`stage_summaries`, the pooled row of ``stage``).
+
+    Returns dict(reached, plateau, angles, share_angle_above, reasons: what is missing, in words with the measured
+    values)."""
+    if len(phase_b) != 1:
+        raise ValueError(f"phase_b must be the one-row phase (b) table (phase_b_table), got {len(phase_b)} rows")
+    col = f"share_angle_above_{REGIME_ANGLE:g}deg"
+    g = geometry[(geometry["stage"] == stage) & (geometry["layer"] == "pooled")]
+    if len(g) != 1 or col not in g:
+        raise ValueError(f"geometry needs one pooled row of stage {stage!r} with column {col!r} "
+                         f"(stages found: {sorted(set(geometry['stage']))})")
+    r = phase_b.iloc[0]
+    share = float(g[col].iloc[0])
+    plateau, angles = bool(r["stopped"]), share > REGIME_ANGLE_SHARE
+    reasons = []
+    if not plateau:
+        reasons.append(f"phase (b) stopped at its step budget ({int(r['steps'])} steps), not by its validation "
+                       f"plateau rule (last relative improvement {float(r['improvement']):.3f})")
+    if not angles:
+        reasons.append(f"only {100 * share:.1f}% of the active expert pairs are more than {REGIME_ANGLE:g} degrees "
+                       f"apart after phase (b) (the paper: a majority)")
+    return dict(reached=plateau and angles, plateau=plateau, angles=angles, share_angle_above=share,
+                reasons=reasons)
+
+
+def stage_summaries(geos: dict, by=("layer",)) -> pd.DataFrame:
+    """:func:`moelab.sba.summarize_geometry` of each ``{stage: geometry table}``, stacked with a ``stage`` column
+    (notebook 02_sba: the regime table at init and after phase (b); ``by=("domain",)`` gives the per-subject rows the
+    geometry claims replicate over)."""
+    if not geos:
+        raise ValueError("no geometry tables")
+    return pd.concat([summarize_geometry(g, by=by).assign(stage=k) for k, g in geos.items()], ignore_index=True)
+
+
+def separation_table(scores: pd.DataFrame, model: str, baselines=("bag-of-words (tf-idf)", "random")) -> pd.DataFrame:
+    """Whether each benchmark separates ``model`` from the baselines (issue 19 item 3): ``scores`` is a long table
+    [encoder, benchmark, metric, score, ci_low, ci_high, ...]; per benchmark and metric, ``above_baselines`` = the
+    model's interval lies above every baseline's (its ci_low > the largest baseline ci_high), as
+    ``moelab.suite.embed.validate``. Returns ``scores`` with ``baseline_ci_high`` and ``above_baselines``."""
+    missing = sorted({model, *baselines} - set(scores["encoder"]))
+    if missing:
+        raise ValueError(f"scores lack the encoder(s) {missing}; found {sorted(set(scores['encoder']))}")
+    key = ["benchmark", "metric"]
+    hi = scores[scores.encoder.isin(baselines)].groupby(key).ci_high.max().rename("baseline_ci_high")
+    out = scores.join(hi, on=key)
+    out["above_baselines"] = (out.encoder == model) & (out.ci_low > out.baseline_ci_high)
+    return out
+
+
+def scores_wide(scores: pd.DataFrame, by: str = "model") -> pd.DataFrame:
+    """Long benchmark scores -> one row per ``by`` value, one column per benchmark (metric appended when a benchmark
+    has several), x100."""
+    sc = _with_key(scores)
+    return (100 * sc.pivot_table(index=by, columns="bench", values="score", aggfunc="mean", sort=False)).reset_index()
+
+
+def ablation_table(at_init: dict, trained: dict) -> pd.DataFrame:
+    """The drop ablation's init-vs-trained table (issue 19: "experts half random"): one row per aggregation and stage
+    (``at_init``: {aggregation: measure dict} of :func:`moelab.sba.drop_ablation_init`; ``trained``: {(aggregation,
+    seed): run dict}) with the benchmark scores (x100), mean expert similarity and the median angle between the
+    active pairs."""
+    rows = []
+    for stage, items in (("init", {(a, None): r for a, r in at_init.items()}), ("trained", trained)):
+        for (agg, seed), r in items.items():
+            row = dict(aggregation=agg, stage=stage, seed=seed,
+                       expert_similarity=float(r["similarity"].expert_similarity.mean()),
+                       angle_median_deg=float(r["geo"].angle_deg.median()) if r.get("geo") is not None else np.nan)
+            if r.get("eval") is not None:
+                w = scores_wide(r["eval"].assign(model=0)).drop(columns="model").iloc[0].to_dict()
+                row.update(w)
+            rows.append(row)
     return pd.DataFrame(rows)

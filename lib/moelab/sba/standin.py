@@ -234,13 +234,14 @@ def embedding_cosine_to_dense(model, dense, texts, batch_size: int = 64) -> np.n
 
 
 def init_damage(base, calib_texts, texts, *, compensation_texts=None, evaluate=None, seed: int = 0,
-                init: str = "cluster", build_kw: dict | None = None) -> dict:
+                init: str = "cluster", build_kw: dict | None = None, base_scores: pd.DataFrame | None = None) -> dict:
     """What nomic-layout upcycling costs at init, with and without compensation (issue 19, item 1a; notebook 02_sba).
 
     Builds the nomic-layout MoE of ``base`` (``init``, calibrated on ``calib_texts``), copies it and compensates the
     copy on ``compensation_texts`` (default ``calib_texts``); on held-out ``texts`` measures the sentence-embedding
     cosine to ``base`` and, with ``evaluate(encode_fn) -> table [benchmark, metric, score, ...]``
-    (``moelab.suite.embed.evaluate``), the benchmarks of all three (dense included). Returns dict(table: one row per
+    (``moelab.suite.embed.evaluate``), the benchmarks of all three (dense included; ``base_scores``: the dense model's
+    table when it was already scored, so it is not evaluated twice). Returns dict(table: one row per
     model [model, compensated, cos_mean, cos_min, cos_median, kept_mass_mean (mean over layers)], scores (long table
     or None), factors (per layer), models {name: model})."""
     raw = build_nomic_layout_moe(base, init=init, calib_texts=calib_texts, seed=seed, **(build_kw or {}))
@@ -255,7 +256,8 @@ def init_damage(base, calib_texts, texts, *, compensation_texts=None, evaluate=N
                          cos_median=float(np.median(cos)),
                          kept_mass_mean=np.nan if m is base else float(np.mean(held_out_mass))))
         if evaluate is not None:
-            scores.append(evaluate(st_encode_fn(m)).assign(model=name))
+            sc = base_scores if (m is base and base_scores is not None) else evaluate(st_encode_fn(m))
+            scores.append(sc.assign(model=name))
     return dict(table=pd.DataFrame(rows), scores=pd.concat(scores, ignore_index=True) if scores else None,
                 factors=factors.assign(held_out_kept_mass=held_out_mass), models=models)
 
