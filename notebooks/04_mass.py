@@ -307,11 +307,12 @@ if cfg["glue"] is None:
     glue = None
     print(f"The real-data part runs in the full profile only (this run: {PROFILE}).")
 else:
+    from moelab.mass.resume import run_glue_standin_cached
     from moelab.suite import textcls
     gcfg = ms.GlueStandinConfig(**cfg["glue"]["cfg"])
     gtasks = textcls.tasks("smoke" if PROFILE == "smoke" else "full", cfg["glue"]["tasks"])
-    glue_runs, glue_items = memo("mass_glue_standin", dict(cfg=cfg["glue"], profile=PROFILE),
-                                 lambda: ms.run_glue_standin(gtasks, cfg["glue"]["methods"], cfg["glue"]["seeds"], gcfg))
+    glue_runs, glue_items = run_glue_standin_cached(gtasks, cfg["glue"]["methods"], cfg["glue"]["seeds"], gcfg,
+                                                    cache=memo)    # cached per task, method and seed: resumes run by run
     glue = ms.glue_summary(glue_runs, glue_items)
     run.save_table(glue_runs, "fig4", "glue_standin_runs", caption="GLUE stand-in: one row per task, method, seed")
     run.save_table(glue_items, "fig4", "glue_standin_items", caption="GLUE stand-in: per-item test correctness")

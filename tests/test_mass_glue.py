@@ -1,10 +1,12 @@
 """MASS real-data part (GLUE stand-in, notebook 04 section 7): per-layer duplication, DynMoE add/remove, input checks,
 and a tiny end-to-end run on the real all-MiniLM-L6-v2."""
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from moelab.core import MoELayer
+from moelab.mass.resume import run_glue_standin_cached, task_digest
 from moelab.mass import (DynMoEAdapter, GlueStandinConfig, MassConfig, MassLayerExpander, duplicate_layer_expert,
                          glue_standin, project_rows, redundancy_term, run_glue_standin)
 
@@ -157,3 +159,31 @@ def test_end_to_end_tiny(method):
     assert 1 <= r.mean_active <= r.final_pool <= 9
     if method == "cosine":
         assert r.final_pool == 4 and r.mean_active == pytest.approx(2.0)
+
+
+def test_runs_cached_one_by_one():
+    """Issue 18: full must resume run by run -- each (task, method, seed) is its own cache entry, keyed by the task's
+    data; a second call takes every run from the cache with identical results, equal to the uncached function's."""
+    cfg = GlueStandinConfig(steps=2, eval_every=2, batch_size=8, max_length=32)
+    store = {}
+
+    def cache(kind, key, compute):
+        k = (kind, repr(sorted(key.items())))
+        if k not in store:
+            store[k] = compute()
+        return store[k]
+
+    t = _task()
+    tasks = {"a": t, "b": dict(t, test=t["test"][:4])}
+    runs, items = run_glue_standin_cached(tasks, ["cosine"], [0, 1], cfg, cache=cache)
+    assert len(store) == 4 and all(k[0] == "mass_glue_run" for k in store)      # 2 tasks x 1 method x 2 seeds
+    again = run_glue_standin_cached(tasks, ["cosine"], [0, 1], cfg,
+                                    cache=lambda kind, key, compute: store[(kind, repr(sorted(key.items())))])
+    plain = run_glue_standin(tasks, ["cosine"], [0, 1], cfg)
+    for other in (again, plain):
+        pd.testing.assert_frame_equal(runs.drop(columns="wall_s"), other[0].drop(columns="wall_s"))
+        pd.testing.assert_frame_equal(items, other[1])
+    assert len(items) == 2 * 8 + 2 * 4
+    assert task_digest(t) != task_digest(tasks["b"])
+    with pytest.raises(ValueError, match="seeds=\\[\\]"):
+        run_glue_standin_cached(tasks, ["cosine"], [], cfg, cache=cache)
