@@ -4,11 +4,13 @@ training splits for the router), the general tasks the suite's scorecard marks u
 and token batches DOWP calibrates on (§3.1, Eq. 4's ||X_n||_2)."""
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Sequence
 
 from moelab.suite import instruct, lmeval, scorecard
 
-__all__ = ["MATH_MC_LM_TASK", "load_domains", "choose_general_tasks", "calibration_text", "tokenize_batches"]
+__all__ = ["MATH_MC_LM_TASK", "load_domains", "choose_general_tasks", "primary_metric", "as_likelihood_item",
+           "calibration_text", "tokenize_batches"]
 
 MATH_MC_LM_TASK = "moelab_math_mc"             # the maths domain's multiple-choice task (elementary_math_qa)
 
@@ -86,16 +88,52 @@ def load_domains(general_tasks: Sequence[str], n_ref_per_task: int, n_test_per_t
     return dict(reference=ref, test=test, train=train, humaneval=he)
 
 
+@lru_cache(maxsize=None)
+def _usable_tasks(model_name: str) -> frozenset:
+    """``scorecard.usable_tasks`` once per model and process (it re-applies the usability rule, question-blind
+    classifiers included, to the committed per-item file: about a minute on this CPU)."""
+    return frozenset(scorecard.usable_tasks(model_name))
+
+
 def choose_general_tasks(model_name: str, candidates: Sequence[str], max_tasks: int) -> tuple[list[str], str]:
     """General-domain lm tasks: the candidates the suite's scorecard marks usable (above chance) for ``model_name``,
     in candidate order; without a scorecard, the first candidates (the returned note says which happened)."""
     try:
         if not scorecard.CSV.exists():      # never trigger the (hour-long) scorecard build from here
             return list(candidates[:max_tasks]), "no committed scorecard yet; fixed candidate list used"
-        usable = set(scorecard.usable_tasks(model_name))
+        usable = _usable_tasks(model_name)
     except ValueError as e:  # model not in the scorecard: say so in the notebook
         return list(candidates[:max_tasks]), f"scorecard unusable ({e}); fixed candidate list used"
     chosen = [t for t in candidates if t in usable][:max_tasks]
     if not chosen:
         return list(candidates[:max_tasks]), "scorecard marks none of the candidates usable; fixed list used"
     return chosen, f"scorecard: {len(chosen)} of {len(candidates)} candidates above chance"
+
+
+def primary_metric(model_name: str, mc_tasks: Sequence[str]) -> tuple[str, str]:
+    """Issue 22 item 2: the metric bands are selected on and claims lead with. ``"acc"`` (the paper's Eq. 6) when the
+    suite's scorecard marks every multiple-choice task in ``mc_tasks`` usable for ``model_name`` (above chance, the
+    best fixed position and the best question-blind baseline), or when the model is not in the scorecard (the
+    paper's own models); else ``"loglik"``, the answer likelihood (accuracy at chance carries no signal to select
+    on). Returns (metric, note)."""
+    if not scorecard.CSV.exists():          # never trigger the (hour-long) scorecard build from here
+        return "acc", "no committed scorecard: the paper's accuracy"
+    try:
+        usable = _usable_tasks(model_name)
+    except ValueError:
+        return "acc", f"{model_name} is not in the scorecard: the paper's accuracy"
+    bad = [t for t in mc_tasks if t not in usable]
+    if bad:
+        return "loglik", (f"the scorecard marks {len(bad)} of {len(mc_tasks)} multiple-choice tasks not usable for "
+                          f"{model_name} ({', '.join(bad)}): answer likelihood is the primary metric")
+    return "acc", f"the scorecard marks every multiple-choice task usable for {model_name}: accuracy"
+
+
+def as_likelihood_item(item: dict) -> dict:
+    """The answer-likelihood view of a test item: a multiple-choice item becomes ``dict(prompt, answer=gold option)``
+    (same prompt and option text as its accuracy scoring); a free item is returned as is. The off-domain probe of
+    notebook 05 scores these."""
+    if "choices" not in item:
+        return item
+    out = {k: v for k, v in item.items() if k not in ("choices", "label")}
+    return dict(out, answer=item["choices"][item["label"]])

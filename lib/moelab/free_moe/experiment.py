@@ -20,40 +20,55 @@ from moelab.free_moe.data import calibration_text, tokenize_batches
 from moelab.free_moe.method import (WANDA_BAND, InputNorms, MaskSwitcher, MultiLevelRouter, apply_mask, band_label,
                                     band_mask, collect_input_norms, embedding_features, fit_subdomains, patch_ranks,
                                     target_linears)
-from moelab.free_moe.scoring import ScoreFn, score_items
+from moelab.free_moe.scoring import ITEM_METRICS, ScoreFn, item_metrics, score_items
 from moelab.profiles import paper_input_hint
 
 __all__ = ["band_sweep", "select_bands", "load_local_model", "assign_subdomains", "subdomain_norms", "routed_scores",
-           "DowpResult", "dowp_select", "masks_for", "evaluate_methods", "eq3_keys", "fit_router", "route_items"]
+           "DowpResult", "SELECT_BY", "dowp_select", "masks_for", "evaluate_methods", "eq3_keys", "fit_router",
+           "route_items"]
 
 # ----------------------------------------------------------------------------------------------------------------
 # Eq. 6: band sweep per subdomain and θ* selection; subdomains, calibration statistics, routed scoring
 # ----------------------------------------------------------------------------------------------------------------
 def band_sweep(model: nn.Module, ranks_by_sub: dict, items_by_sub: dict, score_fn: ScoreFn,
                bands: Sequence[tuple[float, float]], include_base: bool = True, mode: str = "remove",
-               counts: str = "exact") -> pd.DataFrame:
+               counts: str = "exact", columns: Sequence[str] | None = None) -> pd.DataFrame:
     """θ* = argmax_θr acc(Output_{MODEL-θr}) (Eq. 6) evaluated for every subdomain and band: apply the band's mask
     (:func:`~moelab.free_moe.method.band_mask` with ``mode`` and ``counts``), score the subdomain's items, restore.
-    Returns per-item scores: columns cluster, band, item, score (band "base" = dense model). Run on test items it
-    gives the per-item table of the paper's test-selected protocol (``report.table1_selection``). A subdomain with
-    no items -> ValueError."""
-    rows = []
+    Returns per-item scores: columns cluster, band, item, score (band "base" = dense model). With ``columns``,
+    ``score_fn`` returns [items, len(columns)] and each becomes a column (one of them must be ``score``, the
+    selection score). Run on test items it gives the per-item table of the paper's test-selected protocol
+    (``report.table1_selection``). A subdomain with no items -> ValueError."""
+    cols = ["score"] if columns is None else list(columns)
+    if "score" not in cols:
+        raise ValueError(f"band_sweep: columns {cols} need a 'score' column (the selection score)")
+    frames = []
+
+    def frame(sub, band, sc):
+        sc = np.asarray(sc, dtype=float).reshape(len(sc), -1)
+        if sc.shape[1] != len(cols):
+            raise ValueError(f"band_sweep: score_fn gave {sc.shape[1]} columns for {cols}")
+        df = pd.DataFrame(sc, columns=cols)
+        df.insert(0, "item", np.arange(len(sc)))
+        df.insert(0, "band", band)
+        df.insert(0, "cluster", sub)
+        return df
+
     bar = progress.bar(total=len(ranks_by_sub) * (len(bands) + include_base), desc="band sweep", unit="band")
     for sub, ranks in ranks_by_sub.items():
         items = items_by_sub.get(sub, [])
         if len(items) == 0:
             raise ValueError(f"subdomain {sub!r} has no reference examples")
         if include_base:
-            for j, sc in enumerate(score_fn(model, items)):
-                rows.append((sub, "base", j, float(sc)))
+            frames.append(frame(sub, "base", score_fn(model, items)))
             bar.update(1)
         for band in bands:
             with apply_mask(model, band_mask(ranks, band, mode, counts)):
                 sc = score_fn(model, items)
-            rows += [(sub, band_label(band), j, float(v)) for j, v in enumerate(sc)]
+            frames.append(frame(sub, band_label(band), sc))
             bar.update(1)
     bar.close()
-    return pd.DataFrame(rows, columns=["cluster", "band", "item", "score"])
+    return pd.concat(frames, ignore_index=True)
 
 
 def select_bands(sweep: pd.DataFrame, bands: Sequence[tuple[float, float]]) -> dict:
@@ -148,23 +163,48 @@ def routed_scores(model: nn.Module, tok, items: Sequence[dict], keys: Sequence, 
 # ----------------------------------------------------------------------------------------------------------------
 @dataclass
 class DowpResult:
-    """Per-subdomain band sweep on reference data (Eq. 6), the selected bands θ* and the DSS-Expert masks."""
-    sweep: pd.DataFrame                    # domain, cluster, band, item, score (reference data)
+    """Per-subdomain band sweep on reference data (Eq. 6), the selected bands θ* and the DSS-Expert masks; with
+    ``test_sweep`` the same sweep on test items (the paper's test-selected protocol, never used for selection)."""
+    sweep: pd.DataFrame                    # domain, cluster, band, item, score, acc, loglik, pick, metric (reference)
     selected: dict                           # subdomain -> (θmin, θmax)
     masks: dict                              # subdomain -> {"selected" | "0-5%" | "ratio<r>" | ...: PurificationMask}
+    test_sweep: pd.DataFrame | None = None   # the same columns on test items (issue 22 item 5)
+    select_by: str = "acc"                   # the selection metric of Eq. 6: "acc" or "loglik"
+
+
+SELECT_BY = ("acc", "loglik")
 
 
 def dowp_select(model: nn.Module, tok, ref_by_sub: dict, bands: Sequence[tuple[float, float]], patch: int = 1,
                 sublayers: str = "both", scope: str = "row", calib_tokens: int = 4096, ratios: Sequence[float] = (),
                 extra_bands: Sequence[tuple[float, float]] = (WANDA_BAND,), batch_size: int = 16,
                 cache_config: dict | None = None, domain_of: Callable[[str], str] = lambda s: s.rsplit("_", 1)[0],
-                log: Callable[[str], None] | None = None, mode: str = "remove", counts: str = "exact") -> DowpResult:
+                log: Callable[[str], None] | None = None, mode: str = "remove", counts: str = "exact",
+                select_by: str = "acc", test_by_sub: dict | None = None) -> DowpResult:
     """DOWP (§3.1, Algorithm 1) for each subdomain D_jk: calibrate on its reference texts (streamed ||X_n||), rank
     the patches (Eq. 4), sweep the bands on its reference items (Eq. 5-6), keep θ* = the best band and build the
-    masks: ``selected`` (θ*), each ``extra_bands`` entry (the Wanda-like 0-5% by default), and ``ratio<r>`` =
-    [θ*min, θ*min + r] for each purification ratio r (Table 2). ``mode``/``counts``: the band reading and band sizes
-    of :func:`~moelab.free_moe.method.band_mask` (sweep and masks alike). Ranks are dropped after each subdomain."""
-    frames, selected, masks = [], {}, {}
+    masks: ``selected`` (θ*), each ``extra_bands`` entry (the Wanda-like 0-5% by default; the ``selected`` object
+    itself when it is θ*), and ``ratio<r>`` = [θ*min, θ*min + r] for each purification ratio r (Table 2).
+    ``mode``/``counts``: the band reading and band sizes of :func:`~moelab.free_moe.method.band_mask` (sweep and
+    masks alike). ``select_by``: Eq. 6's score, ``"acc"`` (accuracy; answer likelihood for items without options,
+    the paper's rule) or ``"loglik"`` (answer likelihood of every item: issue 22's primary metric when no
+    multiple-choice task is usable). Every item gets accuracy, likelihood and the picked option
+    (:func:`~moelab.free_moe.scoring.item_metrics`) under every band. ``test_by_sub`` (optional, subdomain -> test
+    items) are scored under the same masks in the same passes and returned as ``test_sweep``: the paper's
+    test-selected protocol (Table 1's DOWP row), never used for θ*. Ranks are dropped after each subdomain."""
+    if select_by not in SELECT_BY:
+        raise ValueError(f"select_by={select_by!r}: expected one of {SELECT_BY}")
+    test_by_sub = test_by_sub or {}
+    unknown = sorted(set(test_by_sub) - set(ref_by_sub))
+    if unknown:
+        raise ValueError(f"test_by_sub has subdomains {unknown} without reference items")
+
+    def score_fn(m, its):
+        im = item_metrics(m, tok, its, batch_size)                                   # acc, loglik, pick
+        score = im[:, 1] if select_by == "loglik" else np.where(np.isnan(im[:, 0]), im[:, 1], im[:, 0])
+        return np.column_stack([score, im])
+
+    frames, test_frames, selected, masks = [], [], {}, {}
     for sub, items in progress.bar(list(ref_by_sub.items()), desc="DOWP subdomains", unit="subdomain"):
         if len(items) == 0:
             raise ValueError(f"subdomain {sub!r} has no reference examples")
@@ -172,22 +212,31 @@ def dowp_select(model: nn.Module, tok, ref_by_sub: dict, bands: Sequence[tuple[f
         norms = subdomain_norms(model, tok, [calibration_text(it) for it in items], sublayers, calib_tokens,
                                 cache_config=cc)
         ranks = patch_ranks(model, norms, patch, sublayers, scope)
-        sw = band_sweep(model, {sub: ranks}, {sub: items}, lambda m, it: score_items(m, tok, it, batch_size), bands,
-                        mode=mode, counts=counts)
+        test = list(test_by_sub.get(sub, []))
+        both = list(items) + test                                          # one mask application per band for both
+        sw = band_sweep(model, {sub: ranks}, {sub: both}, score_fn, bands, mode=mode, counts=counts,
+                        columns=("score", *ITEM_METRICS))
         sw.insert(0, "domain", domain_of(sub))
-        sw["metric"] = ["acc" if "choices" in items[j] else "loglik" for j in sw["item"]]
-        frames.append(sw)
-        best = select_bands(sw, bands)[sub]
+        sw["metric"] = ["acc" if select_by == "acc" and "choices" in both[j] else "loglik" for j in sw["item"]]
+        ref_sw, test_sw = sw[sw["item"] < len(items)], sw[sw["item"] >= len(items)].copy()
+        test_sw["item"] -= len(items)
+        frames.append(ref_sw)
+        if test:
+            test_frames.append(test_sw)
+        best = select_bands(ref_sw, bands)[sub]                            # θ* from the reference items only
         selected[sub] = best
         masks[sub] = {"selected": band_mask(ranks, best, mode, counts)}
         for b in extra_bands:
-            masks[sub][band_label(b)] = band_mask(ranks, b, mode, counts)
+            masks[sub][band_label(b)] = masks[sub]["selected"] if tuple(b) == tuple(best) else \
+                band_mask(ranks, b, mode, counts)
         for r in ratios:
             masks[sub][f"ratio{r:g}"] = band_mask(ranks, (best[0], min(100.0, best[0] + r)), mode, counts)
         del ranks
         if log:
             log(f"{sub}: {len(items)} reference items, θ* = {band_label(best)}")
-    return DowpResult(sweep=pd.concat(frames, ignore_index=True), selected=selected, masks=masks)
+    return DowpResult(sweep=pd.concat(frames, ignore_index=True), selected=selected, masks=masks,
+                      test_sweep=pd.concat(test_frames, ignore_index=True) if test_frames else None,
+                      select_by=select_by)
 
 
 def masks_for(dowp: DowpResult, which: str) -> dict:
@@ -196,25 +245,62 @@ def masks_for(dowp: DowpResult, which: str) -> dict:
 
 
 def evaluate_methods(model: nn.Module, tok, items: Sequence[dict], routes: dict, batch_size: int = 16,
-                     score_fn: ScoreFn | None = None) -> pd.DataFrame:
+                     score_fn: ScoreFn | None = None, columns: Sequence[str] | None = None) -> pd.DataFrame:
     """Score test items under several methods: ``routes[method] = (keys, masks)`` with one routing key per item
-    (keys None -> dense model). Returns per-item scores: method, task, id, score (column per extra score dim)."""
-    frames = []
-    for method, (keys, masks) in progress.bar(list(routes.items()), desc="methods on test items", unit="method"):
+    (keys None -> dense model; ``masks[key] = None`` -> dense for that key). Each (item, mask) pair is scored once
+    however many methods share it (FREE-MOE's correctly routed items reuse DOWP's scores, every method's dense items
+    BASELINE's): the mask objects are compared, so pass the same mask objects to the methods that share them.
+    Returns per-item scores: method, task, id, then ``score`` (1-D scores) or one column per score dimension
+    (``columns`` names them; default ``score0``, ``score1``, ...)."""
+    plans, groups = {}, {}                                   # method -> per-item mask; id(mask) -> (mask, item set)
+    for method, (keys, masks) in routes.items():
         keys = [None] * len(items) if keys is None else list(keys)
-        sc = routed_scores(model, tok, items, keys, masks if masks is not None else {}, batch_size, score_fn)
+        if len(keys) != len(items):
+            raise ValueError(f"{method}: {len(items)} items vs {len(keys)} routing keys")
+        masks = masks or {}
+        missing = sorted({str(k) for k in keys if k is not None and k not in masks})
+        if missing:
+            raise ValueError(f"{method}: no mask for routing keys {missing} (have {sorted(map(str, masks))})")
+        plan = [None if k is None else masks[k] for k in keys]
+        plans[method] = plan
+        for i, m in enumerate(plan):
+            groups.setdefault(id(m), (m, set()))[1].add(i)
+    score_fn = score_fn or (lambda m, it: score_items(m, tok, it, batch_size))
+    done: dict = {}                                          # (id(mask), item) -> score row
+    for key, (mask, idx) in progress.bar(list(groups.items()), desc="masks on test items", unit="mask"):
+        idx = sorted(idx)
+        if mask is None:
+            sc = np.asarray(score_fn(model, [items[i] for i in idx]))
+        else:
+            with apply_mask(model, mask):
+                sc = np.asarray(score_fn(model, [items[i] for i in idx]))
+        for i, v in zip(idx, sc):
+            done[(key, i)] = v
+    frames = []
+    for method, plan in plans.items():
+        sc = np.array([done[(id(m), i)] for i, m in enumerate(plan)], dtype=float)
         df = pd.DataFrame(dict(method=method, task=[it["task"] for it in items], id=[it["id"] for it in items]))
         if sc.ndim == 1:
             df["score"] = sc
         else:
-            for j in range(sc.shape[1]):
-                df[f"score{j}"] = sc[:, j]
+            names = list(columns) if columns is not None else [f"score{j}" for j in range(sc.shape[1])]
+            if len(names) != sc.shape[1]:
+                raise ValueError(f"evaluate_methods: {sc.shape[1]} score columns but columns={names}")
+            for j, name in enumerate(names):
+                df[name] = sc[:, j]
         frames.append(df)
     return pd.concat(frames, ignore_index=True)
 
 
-def eq3_keys(model: nn.Module, tok, items: Sequence[dict], subdomains: dict, max_length: int = 256) -> np.ndarray:
-    """Oracle main domain (the item's own) + Eq. 3 nearest centroid: the DOWP setting of Table 1."""
+def eq3_keys(model: nn.Module, tok, items: Sequence[dict], subdomains: dict, max_length: int = 256,
+             as_domain: str | None = None) -> np.ndarray:
+    """Oracle main domain (the item's own) + Eq. 3 nearest centroid: the DOWP setting of Table 1. ``as_domain``
+    sends every item to that main domain's nearest subdomain instead (the off-domain probe: a domain's DSS-Experts
+    applied to other domains' items)."""
+    if as_domain is not None:
+        if as_domain not in subdomains:
+            raise ValueError(f"eq3_keys: as_domain={as_domain!r} is not one of {sorted(subdomains)}")
+        items = [dict(it, domain=as_domain) for it in items]
     keys = np.empty(len(items), dtype=object)
     for dom, sd in subdomains.items():
         idx = [i for i, it in enumerate(items) if it["domain"] == dom]

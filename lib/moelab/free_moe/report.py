@@ -17,11 +17,13 @@ from torch import nn
 from moelab.free_moe.experiment import DowpResult
 from moelab.free_moe.method import band_label, purified_share, target_linears
 from moelab.stats import minimum_detectable_effect, paired_t_interval
-from moelab.suite.baselines import HEURISTICS, heuristic_correct, option_similarity, question_blind_cv
+from moelab.suite.baselines import (HEURISTICS, N_FOLDS, best_position, chance, heuristic_correct, option_similarity,
+                                    question_blind_cv)
 
 __all__ = ["sweep_table", "quantisation_grid_stats", "improvement_table", "reference_gains", "pd_frame",
            "share_table", "count_weighted_max", "table1_selection", "FLIPS", "flip_table", "flip_summary",
-           "METRIC_SCALE", "METRIC_UNIT", "metric_of_task", "domain_summary", "side_by_side"]
+           "METRIC_SCALE", "METRIC_UNIT", "metric_of_task", "domain_summary", "side_by_side", "cross_domain_summary",
+           "baseline_table"]
 
 def sweep_table(sweep: pd.DataFrame, scale: float = 100.0) -> pd.DataFrame:
     """Appendix Tables 6-10 layout: cluster, samples, one column per band (mean score x scale), max, share (%)."""
@@ -284,7 +286,7 @@ def _pair_row(d: pd.DataFrame, a: str, b: str, scale: float, target: float | Non
     if target is not None and iv.se > 0:
         n_needed = float(math.ceil(len(d) * (mde / abs(target)) ** 2))      # MDE ∝ 1/√n at the observed spread
     return dict(row, lo=iv.low, hi=iv.high, se=iv.se, df=iv.df, mde=mde, target=target, n_needed=n_needed,
-                powered=bool(target is not None and mde <= abs(target)))
+                powered=bool(target is not None and iv.se > 0 and mde <= abs(target)))   # no spread: cannot size
 
 
 def domain_summary(scores: pd.DataFrame, a: str = "DOWP", b: str = "BASELINE", domain_of=None,
@@ -292,12 +294,14 @@ def domain_summary(scores: pd.DataFrame, a: str = "DOWP", b: str = "BASELINE", d
                    target: dict | None = None, level: float = 0.95) -> pd.DataFrame:
     """Method ``a`` vs ``b`` on the same test items, per task and per domain, one metric at a time (accuracy,
     pass@k and answer log-likelihood are never pooled; issue 22 item 1). ``scores``: per-item table with columns
-    method, task, id, score, and ``domain`` (or ``domain_of``: dict or callable task -> domain). Items are paired
+    method, task, id, score, and ``domain`` (or ``domain_of``: dict or callable task -> domain); a ``metric`` column
+    (a long table: a multiple-choice item has an ``acc`` and a ``loglik`` row) replaces ``metric_of``. Items are paired
     by (task, id); items not scored by both methods are dropped. Per row: n, both means and the difference
     (x ``scale[metric]``, default :data:`METRIC_SCALE`: points for accuracy, nats/token for log-likelihood), the
     paired t-interval (``moelab.stats.paired_t_interval``, as the claims engine), its SE and df, the MDE at 80%
     power (``moelab.stats.minimum_detectable_effect``) and, for ``target[metric]`` (e.g. the paper's +2 points),
-    the items needed for an MDE of that size (n · (MDE/target)², the observed spread held fixed) and ``powered``.
+    the items needed for an MDE of that size (n · (MDE/target)², the observed spread held fixed) and ``powered``
+    (MDE <= target; never when every item difference is equal, which leaves no spread to size an effect from).
     Rows: ``level="task"`` per (domain, task), ``level="domain"`` per (domain, metric) over that metric's tasks."""
     need = {"method", "task", "id", "score"}
     if not need <= set(scores.columns):
@@ -310,7 +314,8 @@ def domain_summary(scores: pd.DataFrame, a: str = "DOWP", b: str = "BASELINE", d
         s["domain"] = s.task.map(domain_of)                  # dict or callable
     if "domain" not in s.columns or s.domain.isna().any():
         raise ValueError("domain_summary: every task needs a domain (a `domain` column or domain_of)")
-    s["metric"] = s.task.map(metric_of)
+    if "metric" not in s.columns:                            # a long table (one row per item and metric) has its own
+        s["metric"] = s.task.map(metric_of)
     scale = dict(METRIC_SCALE, **(scale or {}))
     target = target or {}
     unknown = set(s.metric) - set(scale)
@@ -340,3 +345,82 @@ def side_by_side(summary: pd.DataFrame, level: str = "domain") -> pd.DataFrame:
     metrics = [m for m in METRIC_SCALE if m in set(s.metric)] + sorted(set(s.metric) - set(METRIC_SCALE))
     order = [f"{m}_{st}" for m in metrics for st in ("diff", "lo", "hi", "mde", "n")]
     return w[[c for c in order if c in w.columns]].reset_index()
+
+
+def cross_domain_summary(scores: pd.DataFrame, a: str = "purified", b: str = "BASELINE",
+                         level: float = 0.95) -> pd.DataFrame:
+    """What one domain's DSS-Experts do to the other domains (issue 22 item 1, "purification keeps general ability"):
+    ``scores`` holds per-item scores with columns mask_domain (whose masks were applied), domain (the item's),
+    task, id, metric, method (``a`` = purified, ``b`` = dense) and score. Per mask domain: :func:`domain_summary`
+    rows (per task and per item domain, ``target`` = the item domain is the mask's own), plus one ``off-domain``
+    row per metric pooling every item of the other domains (the claim's evidence). Paired t-intervals and MDEs as
+    in :func:`domain_summary`."""
+    need = {"mask_domain", "domain", "task", "id", "metric", "method", "score"}
+    if not need <= set(scores.columns):
+        raise ValueError(f"cross_domain_summary: scores need columns {sorted(need)}, have {list(scores.columns)}")
+    out = []
+    for d, g in scores.groupby("mask_domain", sort=False):
+        s = domain_summary(g.drop(columns="mask_domain"), a=a, b=b, level=level)
+        s.insert(0, "mask_domain", d)
+        s["target"] = s.domain == d
+        out.append(s)
+        off = g[g.domain != d]
+        if len(off):
+            o = domain_summary(off.drop(columns="mask_domain").assign(domain="off-domain"), a=a, b=b, level=level)
+            o = o[o.level == "domain"].assign(level="off-domain")
+            o.insert(0, "mask_domain", d)
+            o["target"] = False
+            out.append(o)
+    return pd.concat(out, ignore_index=True)
+
+
+def _mc_views(items: Sequence[dict]) -> list[dict]:
+    """``suite.baselines``' view of multiple-choice items: options stripped of the scoring space, ``gold``."""
+    out = []
+    for k, it in enumerate(items):
+        if not it.get("choices"):
+            raise ValueError(f"item {it.get('id', k)!r} has no choices (accuracy items only)")
+        gold = it["gold"] if "gold" in it else it.get("label")
+        out.append(dict(id=it.get("id", k), task=it.get("task"), choices=[str(c).strip() for c in it["choices"]],
+                        gold=gold))
+    return out
+
+
+def baseline_table(items: Sequence[dict], method_acc: dict, compare: str = "DOWP", n_folds: int = N_FOLDS,
+                   level: float = 0.95) -> pd.DataFrame:
+    """Issue 22 item 4: the position and question-blind baselines beside the models on every accuracy task.
+    ``items``: multiple-choice test items (``dict(id, task, choices, label | gold)``); ``method_acc[method]``: the
+    per-item 0/1 accuracy of each method on the same items, in order. Per task, one row per scorer: each method
+    (kind ``model``), ``chance`` (1/#options), the best fixed position (kind ``position``, chosen on these items:
+    optimistic), every question-blind heuristic of ``suite.baselines`` and the cross-validated option-only
+    classifier ``cv_logreg`` (kind ``question-blind``; ``min(n_folds, n)`` folds, absent below 2 items). Columns
+    task, scorer, kind, n, acc (points) and ``compare``'s paired difference to the row (points) with its t-interval
+    (``moelab.stats.paired_t_interval``), NaN below 2 items."""
+    mc = _mc_views(items)
+    accs = {m: np.asarray(v, float) for m, v in method_acc.items()}
+    for m, v in accs.items():
+        if len(v) != len(mc):
+            raise ValueError(f"baseline_table: method {m!r} has {len(v)} scores for {len(mc)} items")
+    if compare not in accs:
+        raise ValueError(f"baseline_table: compare={compare!r} is not among the methods {sorted(accs)}")
+    rows = []
+    tasks = list(dict.fromkeys(it["task"] for it in mc))
+    for task in tasks:
+        idx = [i for i, it in enumerate(mc) if it["task"] == task]
+        its = [mc[i] for i in idx]
+        scorers = [(m, "model", v[idx]) for m, v in accs.items()]
+        scorers.append(("chance", "chance", chance(its)))
+        p, pos = best_position(its)
+        scorers.append((f"position {p} (best here)", "position", pos))
+        scorers += [(h, "question-blind", heuristic_correct(its, h)) for h in HEURISTICS]
+        if len(its) >= 2:
+            scorers.append(("cv_logreg", "question-blind", question_blind_cv(its, n_folds=min(n_folds, len(its)))))
+        ref = accs[compare][idx]
+        for name, kind, v in scorers:
+            row = dict(task=task, scorer=name, kind=kind, n=len(idx), acc=100.0 * float(np.mean(v)),
+                       compare=compare, diff=100.0 * float(np.mean(ref - v)), lo=np.nan, hi=np.nan)
+            if len(idx) >= 2:
+                iv = paired_t_interval(100.0 * ref, 100.0 * np.asarray(v, float), level)
+                row.update(lo=iv.low, hi=iv.high)
+            rows.append(row)
+    return pd.DataFrame(rows)

@@ -4,7 +4,9 @@ one log-likelihood scorer (issue 17); greedy/sampled HumanEval completions run i
 
 Per-item scores: multiple-choice accuracy (0/1, lm-eval's ``acc``), mean log-likelihood per token of a reference
 answer (where the data has no accuracy), HumanEval pass@k (the unbiased estimator of Chen et al. 2021, not the
-paper's Eq. 11)."""
+paper's Eq. 11). :func:`item_metrics` gives accuracy and answer likelihood of the same items from one scorer call
+(issue 22 item 1: the two metrics side by side; the gold option's likelihood is the answer likelihood of a
+multiple-choice item)."""
 from __future__ import annotations
 
 from typing import Callable, Sequence
@@ -15,10 +17,11 @@ from torch import nn
 
 from moelab.suite import sandbox, scorer
 
-__all__ = ["ScoreFn", "continuation_logprobs", "choice_logprobs", "choice_accuracy", "answer_logprob",
-           "generate_completions", "score_items", "humaneval_score_fn"]
+__all__ = ["ScoreFn", "ITEM_METRICS", "continuation_logprobs", "choice_logprobs", "choice_accuracy", "answer_logprob",
+           "item_metrics", "generate_completions", "score_items", "humaneval_score_fn"]
 
 ScoreFn = Callable[[nn.Module, Sequence[dict]], np.ndarray]
+ITEM_METRICS = ("acc", "loglik", "pick")   # the columns of item_metrics
 
 # ----------------------------------------------------------------------------------------------------------------
 # scoring (batched log-likelihoods and greedy generation)
@@ -117,18 +120,46 @@ def generate_completions(model: nn.Module, tok, prompts: Sequence[str], max_new_
     return outs
 
 
+def item_metrics(model: nn.Module, tok, items: Sequence[dict], batch_size: int = 16,
+                 max_length: int = 512) -> np.ndarray:
+    """Accuracy and answer likelihood of each item from one ``moelab.suite.scorer`` call: [items, 3] with the
+    columns :data:`ITEM_METRICS`:
+
+    - ``acc``: 0/1, the highest summed log-likelihood option is the gold one (lm-eval's ``acc``, as
+      :func:`choice_accuracy`); NaN for items without ``choices``;
+    - ``loglik``: mean log-likelihood per token (nats) of the gold option (multiple choice) or of the reference
+      ``answer`` (as :func:`answer_logprob`), the answer-likelihood metric; higher is better;
+    - ``pick``: the option chosen (index; NaN without ``choices``), for the flip analysis.
+    """
+    reqs, spans = [], []
+    for k, it in enumerate(items):
+        if it.get("choices"):
+            r = _choice_requests(tok, it["prompt"], it["choices"], max_length)
+        elif "answer" in it:
+            r = [_continuation_request(tok, it["prompt"], it["answer"], max_length)]
+        else:
+            raise ValueError(f"item {it.get('id', k)!r} has neither 'choices' nor 'answer'")
+        spans.append((len(reqs), len(reqs) + len(r)))
+        reqs += r
+    lp = np.array([x for x, _ in scorer.loglikelihood_tokens(model, reqs, batch_size=batch_size)], dtype=float)
+    ntok = np.array([len(x) for _, x in reqs], dtype=float)
+    out = np.full((len(items), len(ITEM_METRICS)), np.nan)
+    for k, ((a, b), it) in enumerate(zip(spans, items)):
+        if it.get("choices"):
+            gold = int(it["label"])
+            pick = int(np.argmax(lp[a:b]))
+            out[k] = (float(pick == gold), lp[a + gold] / ntok[a + gold], pick)
+        else:
+            out[k, 1] = lp[a] / max(ntok[a], 1.0)
+    return out
+
+
 def score_items(model: nn.Module, tok, items: Sequence[dict], batch_size: int = 16) -> np.ndarray:
     """Per-item score: accuracy (0/1) for multiple-choice items (``choices`` present), else the reference answer's mean
-    log-likelihood per token (used where the reference data has no accuracy, e.g. code without tests). Mixed lists
-    are split by kind and scored in two batched passes."""
-    out = np.zeros(len(items))
-    mc = [i for i, it in enumerate(items) if "choices" in it]
-    free = [i for i, it in enumerate(items) if "choices" not in it]
-    if mc:
-        out[mc] = choice_accuracy(model, tok, [items[i] for i in mc], batch_size)
-    if free:
-        out[free] = answer_logprob(model, tok, [items[i] for i in free], batch_size)
-    return out
+    log-likelihood per token (used where the reference data has no accuracy, e.g. code without tests); one
+    :func:`item_metrics` call."""
+    m = item_metrics(model, tok, items, batch_size)
+    return np.where(np.isnan(m[:, 0]), m[:, 1], m[:, 0])
 
 
 def humaneval_score_fn(tok, n: int = 1, ks: Sequence[int] = (1,), temperature: float = 0.8, max_new_tokens: int = 128,
