@@ -330,6 +330,9 @@ CLAIMS: list[Claim] = [
         metric="relative compactness (within-expert / total scatter of layer inputs, grouped by top-1 expert)",
         unit="ratio (0-1)", higher_is_better=False, proxy=False, paper_value=None, expected_sign=-1,
         compare=("cluster_eesd", "sparse"),
+        note=("the initialisation optimises it (the centroid router's top-1 is the spherical k-means assignment, which "
+              "minimises within-cluster scatter), so the gap starts large (init and end values in "
+              "analysis_init_vs_end.csv); this tests whether it survives training"),
         legacy="cluster-aware: lower relative compactness than sparse upcycling",
         evidence=lambda T: panel_vs_sparse(T, "relative_compactness", "relative compactness",
                                            lambda c, s: c < s),
