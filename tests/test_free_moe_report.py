@@ -10,6 +10,7 @@ import pytest
 from scipy.stats import t as t_dist
 
 from moelab import free_moe as fm
+from moelab.claims import Claim, Items, evaluate
 from moelab.suite import baselines
 
 BANDS = ["50-55%", "55-60%", "60-65%", "65-70%", "70-75%", "75-80%", "80-85%", "85-90%", "90-95%", "95-100%"]
@@ -143,14 +144,37 @@ def _scores():
     return pd.DataFrame(rows)
 
 
-def _naive(x, y, target=None):
+def _naive(x, y, target=None, span=None):
+    """Paired t over items; bounded scores (``span`` = high - low) get one pseudo-pair at +span and one at -span."""
     d = np.asarray(x, float) - np.asarray(y, float)
+    raw_mean, n_items = d.mean(), len(d)
+    if span is not None:
+        d = np.append(d, [span, -span])
     n = len(d)
     se = d.std(ddof=1) / math.sqrt(n)
     h = t_dist.ppf(0.975, n - 1) * se
     mde = (t_dist.ppf(0.975, n - 1) + t_dist.ppf(0.8, n - 1)) * se
-    need = math.ceil(n * (mde / target) ** 2) if target else None
-    return d.mean(), d.mean() - h, d.mean() + h, mde, need
+    need = math.ceil(n_items * (mde / target) ** 2) if target else None
+    return raw_mean, d.mean() - h, d.mean() + h, mde, need
+
+
+def test_domain_summary_interval_is_the_claims_engines():
+    """A task where no item flips reads 0 [-w, +w] with the engine's MDE, never a zero-width interval (issue 22)."""
+    sc = _scores()
+    acc = sc[sc.task.map(fm.metric_of_task) == "acc"].copy()
+    base = acc[acc.method == "BASELINE"].set_index("id").score
+    acc.loc[acc.method == "DOWP", "score"] = acc.loc[acc.method == "DOWP", "id"].map(base).to_numpy()   # no flips
+    out = fm.domain_summary(acc)
+    for r in out.itertuples():
+        w = acc[acc.task == r.task] if r.level == "task" else acc[acc.domain == r.domain]
+        w = 100.0 * w.pivot_table(index=["task", "id"], columns="method", values="score")
+        ev = Items(a=w.DOWP.to_numpy(), b=w.BASELINE.to_numpy(), score_range=(0.0, 100.0))
+        rec = evaluate(Claim(id="x", claim="t", paper_ref="t", metric="accuracy", unit="points",
+                             paper_value={"DOWP": 50.0, "BASELINE": 48.0}, compare=("DOWP", "BASELINE"),
+                             evidence=lambda T, ev=ev: ev), None)
+        assert r.diff == 0 and r.lo < 0 < r.hi
+        assert (r.lo, r.hi) == pytest.approx((rec["ci_low"], rec["ci_high"]), rel=1e-5)   # records keep 6 digits
+        assert r.mde == pytest.approx(rec["mde"], rel=1e-5)
 
 
 def test_domain_summary_matches_naive_and_never_pools():
@@ -166,7 +190,8 @@ def test_domain_summary_matches_naive_and_never_pools():
         assert sub.task.map(fm.metric_of_task).nunique() == 1            # never pooled across metrics
         w = sub.pivot_table(index=["task", "id"], columns="method", values="score")
         k = 100.0 if r.metric == "acc" else 1.0
-        diff, lo, hi, mde, need = _naive(k * w.DOWP, k * w.BASELINE, {"acc": 2.0, "loglik": 0.05}[r.metric])
+        diff, lo, hi, mde, need = _naive(k * w.DOWP, k * w.BASELINE, {"acc": 2.0, "loglik": 0.05}[r.metric],
+                                         span=100.0 if r.metric == "acc" else None)
         assert r.n == len(w) and r.diff == pytest.approx(diff) and r.mde == pytest.approx(mde)
         assert r.lo == pytest.approx(lo) and r.hi == pytest.approx(hi) and r.n_needed == need
         assert r.powered == (mde <= {"acc": 2.0, "loglik": 0.05}[r.metric])

@@ -5,7 +5,7 @@
 """
 from moelab.claims.engine import (ENGINE_VERSION, VERDICTS, ByConstruction, Claim, ClaimEvidenceError, Insufficient,
                                   Items, Level, MissingTable, NotTestable, Options, Precomputed, Seeds, Tables, Trend,
-                                  check_definitions, evaluate)
+                                  check_definitions, evaluate, with_range_pseudo_pairs)
 from moelab.claims.rebuild import check, frame, load_claims, output_folders, rebuild
 from moelab.claims.schema import FIELDS, validate_file, validate_record
 from moelab.claims.scorecard import scorecard_markdown

@@ -432,9 +432,10 @@ def _diff_interval(a, b, paired: bool) -> Interval:
     return paired_t_interval(a, b) if paired else welch_interval(a, b)
 
 
-def _augment(d: np.ndarray, score_range) -> np.ndarray:
+def with_range_pseudo_pairs(d: np.ndarray, score_range) -> np.ndarray:
     """Add one pseudo-pair at each extreme of the difference range (hi - lo): bounded scores with identical answers
-    then never give a zero-width interval (Agresti-Caffo style)."""
+    then never give a zero-width interval (Agresti-Caffo style). Public so that a notebook's own summary tables
+    (e.g. ``moelab.free_moe.report.domain_summary``) give the same interval as the claims file."""
     if score_range is None:
         return d
     lo, hi = score_range
@@ -467,7 +468,7 @@ def _stat_items(ev: Items, claim: Claim) -> _Stat:
         raise ValueError(f"Items takes aligned 1-D per-item scores of one fixed model pair, got shapes {a.shape} and "
                          f"{b.shape}; for trained models average items within each seed and use Seeds")
     ours = float(a.mean() - b.mean()) if len(a) else None
-    d = _augment(a - b, ev.score_range)
+    d = with_range_pseudo_pairs(a - b, ev.score_range)
     if len(d) < 2:
         return _Stat(ours, None, None, len(a), 1, "paired t over items", f"difference {a_name} - {b_name}",
                      decided="inconclusive", note="fewer than 2 items")
@@ -519,7 +520,7 @@ def _stat_options(ev: Options, claim: Claim) -> _Stat:
     if arrays[x].shape != arrays[other].shape:
         raise ValueError(f"Options over items need aligned per-item scores, got {arrays[x].shape} and "
                          f"{arrays[other].shape}")
-    d = _augment(arrays[x] - arrays[other], ev.score_range)
+    d = with_range_pseudo_pairs(arrays[x] - arrays[other], ev.score_range)
     iv = t_interval(d)
     return _Stat(ours, (iv.low, iv.high), minimum_detectable_effect(iv.se, iv.df), len(arrays[x]), 1,
                  f"paired t over {len(arrays[x])} items, {x} vs the best other option", ours_is, note)

@@ -16,13 +16,14 @@ from torch import nn
 
 from moelab.free_moe.experiment import DowpResult
 from moelab.free_moe.method import band_label, purified_share, target_linears
-from moelab.stats import minimum_detectable_effect, paired_t_interval
+from moelab.claims import with_range_pseudo_pairs
+from moelab.stats import minimum_detectable_effect, paired_t_interval, t_interval
 from moelab.suite.baselines import (HEURISTICS, N_FOLDS, best_position, chance, heuristic_correct, option_similarity,
                                     question_blind_cv)
 
 __all__ = ["sweep_table", "quantisation_grid_stats", "improvement_table", "reference_gains", "pd_frame",
            "share_table", "count_weighted_max", "table1_selection", "FLIPS", "flip_table", "flip_summary",
-           "METRIC_SCALE", "METRIC_UNIT", "metric_of_task", "domain_summary", "side_by_side", "cross_domain_summary",
+           "METRIC_SCALE", "METRIC_RANGE", "METRIC_UNIT", "metric_of_task", "domain_summary", "side_by_side", "cross_domain_summary",
            "baseline_table"]
 
 def sweep_table(sweep: pd.DataFrame, scale: float = 100.0) -> pd.DataFrame:
@@ -260,6 +261,7 @@ def flip_summary(flips: pd.DataFrame, by: Sequence[str] = ("task", "gold_pos", "
 # issue 22 item 1: accuracy and answer likelihood side by side, per task and per domain, with paired intervals and MDEs
 # ----------------------------------------------------------------------------------------------------------------
 METRIC_SCALE = {"acc": 100.0, "pass@1": 100.0, "pass@10": 100.0, "loglik": 1.0}
+METRIC_RANGE = {"acc": (0.0, 1.0), "pass@1": (0.0, 1.0), "pass@10": (0.0, 1.0)}   # bounded metrics, before scale
 METRIC_UNIT = {"acc": "points", "pass@1": "points", "pass@10": "points", "loglik": "nats/token"}
 
 
@@ -273,20 +275,29 @@ def metric_of_task(task: str) -> str:
     return "acc"
 
 
-def _pair_row(d: pd.DataFrame, a: str, b: str, scale: float, target: float | None, level: float) -> dict:
-    """Paired comparison of methods a and b over the rows (items) of ``d`` (columns a, b)."""
+def _pair_row(d: pd.DataFrame, a: str, b: str, scale: float, target: float | None, level: float,
+              score_range: tuple | None = None) -> dict:
+    """Paired comparison of methods a and b over the rows (items) of ``d`` (columns a, b). For bounded scores
+    (``score_range``, already scaled) the interval gets the claims engine's two pseudo-pairs, so a task where no item
+    flips reads ``0 [-w, +w]`` here exactly as in the claims file, not a zero-width interval."""
     x, y = scale * d[a].to_numpy(float), scale * d[b].to_numpy(float)
     row = dict(n=len(d), a_mean=float(x.mean()), b_mean=float(y.mean()), diff=float((x - y).mean()))
     if len(d) < 2:
         return dict(row, lo=np.nan, hi=np.nan, se=np.nan, df=np.nan, mde=np.nan, target=target, n_needed=np.nan,
                     powered=False)
-    iv = paired_t_interval(x, y, level)                      # mean(a - b) ± t_{1-α/2, n-1} · s_d/√n
+    dd = with_range_pseudo_pairs(x - y, score_range)
+    iv = t_interval(dd, level)                               # mean(d) ± t_{1-α/2, n-1} · s_d/√n over the (augmented) d
     mde = minimum_detectable_effect(iv.se, iv.df, alpha=1 - level)
     n_needed = np.nan
     if target is not None and iv.se > 0:
         n_needed = float(math.ceil(len(d) * (mde / abs(target)) ** 2))      # MDE ∝ 1/√n at the observed spread
     return dict(row, lo=iv.low, hi=iv.high, se=iv.se, df=iv.df, mde=mde, target=target, n_needed=n_needed,
                 powered=bool(target is not None and iv.se > 0 and mde <= abs(target)))   # no spread: cannot size
+
+
+def _scaled_range(metric: str, scale: dict) -> tuple | None:
+    r = METRIC_RANGE.get(metric)
+    return None if r is None else (scale[metric] * r[0], scale[metric] * r[1])
 
 
 def domain_summary(scores: pd.DataFrame, a: str = "DOWP", b: str = "BASELINE", domain_of=None,
@@ -298,7 +309,8 @@ def domain_summary(scores: pd.DataFrame, a: str = "DOWP", b: str = "BASELINE", d
     (a long table: a multiple-choice item has an ``acc`` and a ``loglik`` row) replaces ``metric_of``. Items are paired
     by (task, id); items not scored by both methods are dropped. Per row: n, both means and the difference
     (x ``scale[metric]``, default :data:`METRIC_SCALE`: points for accuracy, nats/token for log-likelihood), the
-    paired t-interval (``moelab.stats.paired_t_interval``, as the claims engine), its SE and df, the MDE at 80%
+    paired t-interval as in the claims engine (for bounded metrics, :data:`METRIC_RANGE`, with its one pseudo-pair at
+    each end of the range: ``moelab.claims.with_range_pseudo_pairs``), its SE and df, the MDE at 80%
     power (``moelab.stats.minimum_detectable_effect``) and, for ``target[metric]`` (e.g. the paper's +2 points),
     the items needed for an MDE of that size (n · (MDE/target)², the observed spread held fixed) and ``powered``
     (MDE <= target; never when every item difference is equal, which leaves no spread to size an effect from).
@@ -327,9 +339,9 @@ def domain_summary(scores: pd.DataFrame, a: str = "DOWP", b: str = "BASELINE", d
     for (dom, met), g in wide.groupby(["domain", "metric"], sort=False):
         for task, gt in g.groupby("task", sort=False):
             rows.append(dict(level="task", domain=dom, task=task, metric=met, unit=METRIC_UNIT.get(met, ""),
-                             **_pair_row(gt, a, b, scale[met], target.get(met), level)))
+                             **_pair_row(gt, a, b, scale[met], target.get(met), level, _scaled_range(met, scale))))
         rows.append(dict(level="domain", domain=dom, task=f"all {met} tasks", metric=met,
-                         unit=METRIC_UNIT.get(met, ""), **_pair_row(g, a, b, scale[met], target.get(met), level)))
+                         unit=METRIC_UNIT.get(met, ""), **_pair_row(g, a, b, scale[met], target.get(met), level, _scaled_range(met, scale))))
     out = pd.DataFrame(rows)
     return out.rename(columns={"a_mean": a, "b_mean": b})
 
