@@ -42,3 +42,11 @@ def tmp_figures(tmp_path, monkeypatch):
     monkeypatch.setenv("MOELAB_FIGURES", str(tmp_path / "figures"))
     monkeypatch.setenv("MOELAB_SMOKE_DIR", str(tmp_path / "smoke"))
     return tmp_path
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny random BERT sentence-transformer with all-MiniLM-L6-v2's module structure (tests/sba_tiny.py), one per
+    test module: the SBA stand-in tests build their upcycled MoEs from it."""
+    from sba_tiny import tiny_sentence_transformer
+    return tiny_sentence_transformer(tmp_path_factory.mktemp("tiny_bert"))

@@ -18,7 +18,7 @@ from sklearn.metrics import v_measure_score
 from moelab import sba
 from moelab.core.layer import moe_layers
 from moelab.suite import embed as suite_embed
-from sba_tiny import TEXTS, pairs, tiny_sentence_transformer
+from sba_tiny import TEXTS, pairs
 
 matplotlib.use("Agg")
 warnings.filterwarnings("ignore", message=".*rank-deficient.*")
@@ -129,11 +129,6 @@ def test_standin_columns_map_each_benchmark_to_one_paper_column():
 # ----------------------------------------------------------------------------------------------------------------------
 # models: router movement, phases (a)+(b), the drop ablation, nomic in the paper profile
 # ----------------------------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return tiny_sentence_transformer(tmp_path_factory.mktemp("tiny_bert"))
-
-
 @pytest.fixture(scope="module")
 def moe(tiny):
     with warnings.catch_warnings():

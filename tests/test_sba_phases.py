@@ -13,7 +13,7 @@ import torch
 
 from moelab import sba
 from moelab.core.layer import moe_layers
-from sba_tiny import TEXTS, pairs, tiny_sentence_transformer
+from sba_tiny import TEXTS, pairs
 
 warnings.filterwarnings("ignore", message=".*rank-deficient.*")
 
@@ -52,8 +52,7 @@ def test_plateau_rule_cases_and_errors():
 
 
 @pytest.fixture(scope="module")
-def template(tmp_path_factory):
-    tiny = tiny_sentence_transformer(tmp_path_factory.mktemp("tiny_bert"))
+def template(tiny):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return sba.build_nomic_layout_moe(tiny, init="cluster", calib_texts=TEXTS, seed=0, compensate=True)

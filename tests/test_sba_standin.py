@@ -14,14 +14,9 @@ import torch.nn.functional as F
 
 from moelab import sba
 from moelab.core.layer import moe_layers
-from sba_tiny import TEXTS, tiny_sentence_transformer
+from sba_tiny import TEXTS
 
 warnings.filterwarnings("ignore", message=".*rank-deficient.*")
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return tiny_sentence_transformer(tmp_path_factory.mktemp("tiny_bert"))
 
 
 @pytest.fixture(scope="module")
