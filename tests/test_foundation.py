@@ -143,6 +143,8 @@ def test_run_outputs_index_and_provenance(tmp_figures, monkeypatch):
     _demo_defs(monkeypatch, claims=[Claim(id="needs_llama", claim="needs Llama-2", paper_ref="Table 1",
                                           paper_metric="acc", paper_unit="points", metric="acc", unit="points",
                                           paper_value=None, evidence=lambda T: NotTestable("no weights here"))])
+    commits = iter(["aaa", "bbb"])                      # HEAD moves while the run is in progress
+    monkeypatch.setattr("moelab.nbrun.git_commit", lambda: next(commits, "bbb"))
     run = NotebookRun("09_demo", profile="default", seed=3, publish=True)
     fig, ax = plt.subplots()
     ax.plot([0, 1], [1, 0])
@@ -156,7 +158,8 @@ def test_run_outputs_index_and_provenance(tmp_figures, monkeypatch):
     idx = (tmp_figures / "figures" / "INDEX.md").read_text()
     assert "09_demo/fig2_frontier.png" in idx and "table1_main.csv" in idx and "| default |" in idx
     prov = json.loads((final / "provenance.json").read_text())
-    assert prov["seed"] == 3 and prov["profile"] == "default" and "torch" in prov["packages"] and prov["commit"]
+    assert prov["seed"] == 3 and prov["profile"] == "default" and "torch" in prov["packages"]
+    assert (prov["commit_at_start"], prov["commit"]) == ("aaa", "bbb")
     with pytest.raises(ValueError, match="slug"):
         run.savefig(fig, "fig2", "Bad Slug")
     with pytest.raises(ValueError, match="Figure"):

@@ -235,6 +235,7 @@ class NotebookRun:
             shutil.rmtree(self.out_dir, ignore_errors=True)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.t0 = time.time()
+        self.commit_at_start = git_commit()   # a long run can span commits: provenance keeps both ends
         self._manifest_path = self.out_dir / "manifest.json"
         self._entries: dict[str, dict] = {}
         self._extra: dict = {}
@@ -243,7 +244,8 @@ class NotebookRun:
     # ---- provenance ----
     def provenance(self) -> dict:
         return {"notebook": self.notebook, "profile": self.profile, "seed": self.seed, "seeds": self.seeds,
-                "commit": git_commit(), "packages": package_versions(), "hardware": hardware(),
+                "commit": git_commit(), "commit_at_start": self.commit_at_start, "packages": package_versions(),
+                "hardware": hardware(),
                 "wall_time_s": round(time.time() - self.t0, 1), "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                 **self._extra}
 
@@ -308,7 +310,7 @@ class NotebookRun:
         return path
 
     def finish(self):
-        """Write ``provenance.json`` (commit, versions, seeds, profile, hardware, wall time, source hashes), compute
+        """Write ``provenance.json`` (commit at the start and at the end of the run, versions, seeds, profile, hardware, wall time, source hashes), compute
         ``claims.json`` from the saved tables with the notebook's claim definitions (:func:`moelab.claims.rebuild`),
         publish the folder if this run publishes, and return the claims as a DataFrame."""
         prov = self.provenance()
