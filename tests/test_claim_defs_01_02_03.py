@@ -136,7 +136,10 @@ def test_every_claim_evaluates_on_the_committed_tables(tmp_path, nb, profile):
         assert by["sba_unit_vs_linear_wordnet_sts"]["verdict"] != "reproduced"
     if nb == "03_cluster_upcycling":
         assert by["similarity_vs_sparse"]["verdict"] == "holds by construction"
-        assert by["entropy_explores_then_restabilises"]["verdict"] == "inconclusive"
+        # the trend is tested on a fixed held-out batch against a stated noise null (not on training batches, where
+        # noise alone passed 59-84% of the time); its verdict is whatever the committed run gives
+        trend = by["entropy_explores_then_restabilises"]
+        assert "held-out batch" in trend["metric"] and "null:" in trend["method"], trend
         assert by["r1_vs_sparse"]["unit"] == "points (x100)" and abs(by["r1_vs_sparse"]["ours"]) > 0.05
 
 
