@@ -96,7 +96,9 @@ def test_publish_replaces_atomically_and_keeps_other_profiles(runner, tmp_figure
 def test_failed_run_leaves_published_folder_untouched(runner, tmp_figures):
     _write_nb(runner / "nbs", 'run.save_table(pd.DataFrame({"a": [1]}), "table1", "x")\nrun.finish()\n')
     args = ["run", "--profile", "default", "--no-progress", "--force", "--only", "00"]
+    repo_readme = (notebooks.REPO_ROOT / "README.md").read_bytes()
     assert notebooks.main(args) == 0
+    assert (notebooks.REPO_ROOT / "README.md").read_bytes() == repo_readme   # published elsewhere: README untouched
     fig = tmp_figures / "figures" / NB
     before = _tree(fig)
     assert "provenance.json" in before and "claims.json" in before

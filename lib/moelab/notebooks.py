@@ -226,7 +226,11 @@ def results_table() -> str:
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
-def write_readme_results(readme: Path = REPO_ROOT / "README.md") -> bool:
+def write_readme_results(readme: Path | None = None) -> bool:
+    """Rewrite the results table between the README's markers from the claims files under ``figures_root()``.
+    The README is the one beside that figures folder (the repository's by default): a run that publishes into
+    ``$MOELAB_FIGURES`` elsewhere (tests, a user's scratch copy) never rewrites the repository's README."""
+    readme = Path(readme) if readme is not None else figures_root().parent / "README.md"
     if not readme.exists():
         return False
     text = readme.read_text()
