@@ -334,8 +334,8 @@ def test_import_closure_follows_imports_and_skips_claims_and_reports(tmp_path):
     assert cache.import_closure(["moelab.claims", "moelab.nbrun"], lib=lib) == {}
     # a real edit of a transitively imported file changes its hash; an edit of claims changes nothing
     before = cache.import_closure(["moelab.paper"], lib=lib)
-    (lib / "core" / "routing.py").write_text("import math  # edited\n")
-    (lib / "claims" / "__init__.py").write_text("from moelab.stats import boot  # edited\n")
+    (lib / "core" / "routing.py").write_text("import math\nE = math.e\n")
+    (lib / "claims" / "__init__.py").write_text("from moelab.stats import boot\nX = 1\n")
     after = cache.import_closure(["moelab.paper"], lib=lib)
     assert {m for m in before if before[m] != after[m]} == {"moelab.core.routing"}
 
@@ -343,11 +343,86 @@ def test_import_closure_follows_imports_and_skips_claims_and_reports(tmp_path):
 def test_code_closure_of_real_modules_covers_core_and_never_claims():
     keyed = cache.code_closure(mass.run_mass)
     assert "lib/moelab/mass/experiment.py" in keyed and "lib/moelab/core/routing.py" in keyed
-    assert keyed["lib/moelab/core/routing.py"] == nbrun.file_sha(ROOT / "lib/moelab/core/routing.py")
+    assert keyed["lib/moelab/core/routing.py"] == cache.source_digest(ROOT / "lib/moelab/core/routing.py")
     for never in ("claims", "nbrun", "notebooks", "cache"):
         assert not any(k.startswith(f"lib/moelab/{never}") for k in keyed), never
     assert not any(k.endswith("/report.py") for k in keyed)
     assert cache.code_closure(lambda: claims.frame([])) == {}  # verdict code alone keys nothing
+
+
+# ---- the code identity ignores what cannot change behaviour (architecture v2, item 1)
+_BASE = '''"""A module."""
+import os
+from math import pi, e  # constants
+
+
+def area(r):
+    """Area of a circle."""
+    return pi * r ** 2  # the formula
+
+
+class C:
+    """A class."""
+
+    def f(self):
+        "short doc"
+        return os.sep
+'''
+
+
+@pytest.mark.parametrize("edited, same", [
+    (_BASE.replace("# the formula", "# pi r squared"), True),                      # a comment
+    (_BASE.replace('"""Area of a circle."""', '"""Area of a disc, eq. (1)."""'), True),  # a docstring
+    (_BASE.replace('"short doc"\n        ', ""), True),                              # a docstring removed
+    (_BASE.replace("import os\nfrom math import pi, e", "from math import e, pi\nimport os"), True),  # import order
+    (_BASE.replace("return pi * r ** 2", "return (pi * r**2)"), True),               # formatting
+    (_BASE.replace("pi * r ** 2", "pi * r ** 3"), False),                            # an expression
+    (_BASE.replace("return os.sep", "return os.pathsep"), False),                    # a name
+    (_BASE.replace("def area(r):", "def area(radius):").replace("* r **", "* radius **"), False),  # an argument
+    (_BASE + "\nX = 1\n", False),                                                  # a new statement
+])
+def test_source_digest_ignores_comments_docstrings_format_and_import_order(tmp_path, edited, same):
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text(_BASE)
+    b.write_text(edited)
+    assert edited != _BASE
+    assert (cache.source_digest(a) == cache.source_digest(b)) is same
+
+
+def test_a_function_of_only_a_docstring_stays_valid_and_differs_from_no_function(tmp_path):
+    (tmp_path / "a.py").write_text('def f():\n    """doc"""\n')
+    (tmp_path / "b.py").write_text("def f():\n    pass\n")
+    (tmp_path / "c.py").write_text("")
+    assert cache.source_digest(tmp_path / "a.py") == cache.source_digest(tmp_path / "b.py")
+    assert cache.source_digest(tmp_path / "a.py") != cache.source_digest(tmp_path / "c.py")
+
+
+def test_import_closure_keys_survive_comment_edits_and_change_when_closure_grows(tmp_path):
+    lib = _write_pkg(tmp_path, {"__init__.py": "", "paper.py": "from moelab import core\n",
+                                "core.py": "X = 1\n", "extra.py": "Y = 2\n"})
+    before = cache.import_closure(["moelab.paper"], lib=lib)
+    (lib / "core.py").write_text("# explained\nX = 1  # one\n")
+    (lib / "paper.py").write_text('"""The paper."""\nfrom moelab import core  # the core\n')
+    assert cache.import_closure(["moelab.paper"], lib=lib) == before
+    (lib / "paper.py").write_text("from moelab import core, extra\n")  # the closure gains a module
+    grown = cache.import_closure(["moelab.paper"], lib=lib)
+    assert set(grown) == set(before) | {"moelab.extra"}
+    digest = lambda c: cache.hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest()
+    assert digest(grown) != digest(before)
+
+
+def test_version_is_part_of_the_key_and_must_be_plain(tmp_cache):
+    calls = []
+    compute = lambda: calls.append(1) or 7
+    assert cache.memo("v", {"a": 1}, compute) == 7
+    cache.memo("v", {"a": 1}, compute)
+    cache.memo("v", {"a": 1}, compute, version=2)
+    cache.memo("v", {"a": 1}, compute, version=2)
+    assert len(calls) == 2
+    with pytest.raises(ValueError, match="version"):
+        cache.memo("v", {"a": 1}, compute, version=[1])
+    with pytest.raises(ValueError, match="reserved"):
+        cache.memo("v", {"_version": 1}, compute)
 
 
 def test_notebook_lambda_gets_the_modules_it_calls():
@@ -420,3 +495,25 @@ def test_truncated_artifact_is_rebuilt(tmp_cache):
     (p / "big.bin").write_bytes(bytes(10))
     assert cache.artifact("trunc", {"a": 1}, build) == p and len(calls) == 2
     assert (p / "big.bin").stat().st_size == 1000
+
+
+def test_provenance_sources_use_the_digest_they_were_written_with(tmp_path):
+    """Staleness compares lib modules by normalised digest under "ast-v1", and raw bytes in legacy provenance."""
+    from moelab import notebooks
+
+    rels = ["lib/moelab/core/routing.py", "notebooks/00_moe_primer.py"]
+    assert nbrun.source_id(rels[0]) == cache.source_digest(ROOT / rels[0])
+    assert nbrun.source_id(rels[1]) == nbrun.file_sha(ROOT / rels[1])  # the narrative is published: its bytes
+    with pytest.raises(ValueError, match="unknown source digest"):
+        nbrun.source_id(rels[0], "ast-v0")
+    prov = tmp_path / "provenance.json"
+    for kind in (None, nbrun.SOURCE_DIGEST):
+        sources = {r: nbrun.source_id(r, kind) for r in rels}
+        prov.write_text(json.dumps({"sources": sources, **({"source_digest": kind} if kind else {})}))
+        assert notebooks.sources_current(prov) == (True, [])
+        prov.write_text(json.dumps({"sources": {**sources, rels[0]: "0" * 16},
+                                    **({"source_digest": kind} if kind else {})}))
+        assert notebooks.sources_current(prov) == (False, [rels[0]])
+    legacy = {rels[0]: cache.source_digest(ROOT / rels[0])}  # a digest read as raw bytes does not match
+    prov.write_text(json.dumps({"sources": legacy}))
+    assert notebooks.sources_current(prov)[0] is False

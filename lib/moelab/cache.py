@@ -47,9 +47,9 @@ MARKER = ".complete"
 FORMAT = 2  # storage format of artifact entries; part of every key (bump it when the stored layout changes)
 STALE_TMP_AGE_S = 6 * 3600  # a temporary folder whose creator cannot be checked is stale after this age
 WRITABLE_HINT = "set MOELAB_CACHE to a writable folder, e.g. export MOELAB_CACHE=~/moelab-cache"
-# Modules whose code never enters a key: verdicts, reports, the notebook runner and provenance, and the cache itself
-# (its storage format is FORMAT). A module named ``report`` in any package is report code too.
-NOT_IN_KEYS = ("moelab.claims", "moelab.notebooks", "moelab.nbrun", "moelab.cache")
+# Modules whose code never enters a key: verdicts, reports, the notebook runner and provenance, the progress bar, and
+# the cache itself (its storage format is FORMAT). A module named ``report`` in any package is report code too.
+NOT_IN_KEYS = ("moelab.claims", "moelab.notebooks", "moelab.nbrun", "moelab.cache", "moelab.progress")
 KEY_PACKAGES = ("torch", "transformers", "numpy")  # their versions are part of every artifact key
 LIB = Path(__file__).resolve().parent  # the moelab package folder
 _HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
@@ -418,10 +418,57 @@ def _resolve(name: str, index: dict[str, Path]) -> str | None:
     return None
 
 
+class _Normalise(ast.NodeTransformer):
+    """Drop what cannot change behaviour: string statements (docstrings, bare strings) and the order of imports
+    within a run of import statements (and of the names one statement imports). Comments and formatting are not in
+    the AST at all; names, constants and structure stay."""
+
+    def generic_visit(self, node):
+        super().generic_visit(node)
+        for field in ("body", "orelse", "finalbody"):
+            body = getattr(node, field, None)
+            if not isinstance(body, list) or not body or not isinstance(body[0], ast.AST):
+                continue
+            kept = [s for s in body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
+                                            and isinstance(s.value.value, str))]
+            out, run = [], []
+            for s in kept + [None]:
+                if isinstance(s, (ast.Import, ast.ImportFrom)):
+                    s.names.sort(key=lambda a: (a.name, a.asname or ""))
+                    run.append(s)
+                    continue
+                out += sorted(run, key=ast.dump)
+                run = []
+                if s is not None:
+                    out.append(s)
+            setattr(node, field, out or ([ast.Pass()] if field == "body" else []))
+        return node
+
+
+_DIGESTS: dict[str, str] = {}  # raw sha -> normalised digest (the file is read every time; only parsing is memoised)
+
+
+def source_digest(path: Path) -> str:
+    """16-hex-digit identity of a Python source's behaviour: sha256 of its normalised AST (:class:`_Normalise`:
+    docstrings, comments, formatting and import order removed). The code part of every cache key and of the
+    figure folders' staleness check, so that fixing a comment or moving an import retrains nothing. Not memoised by
+    file time: an edit within one timestamp tick must still change the key (parsing is memoised by content)."""
+    return source_digest_of(Path(path).read_bytes(), str(path))
+
+
+def source_digest_of(raw: bytes, filename: str = "<source>") -> str:
+    """:func:`source_digest` of source text ``raw`` (e.g. a file as a commit holds it)."""
+    sha = hashlib.sha256(raw).hexdigest()
+    if sha not in _DIGESTS:
+        tree = _Normalise().visit(ast.parse(raw, filename=filename))
+        blob = ast.dump(tree, annotate_fields=False, include_attributes=False)
+        _DIGESTS[sha] = hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return _DIGESTS[sha]
+
+
 def _module_sha(path: Path) -> str:
-    """16-hex-digit sha256 of a source file (the same digest as provenance's ``nbrun.file_sha``). Not memoised:
-    an edit within one timestamp tick must still change the key (hashing all of moelab takes milliseconds)."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    """The code identity of one module in a key: :func:`source_digest`."""
+    return source_digest(path)
 
 
 def import_closure(modules, lib: Path = LIB) -> dict[str, str]:
@@ -538,7 +585,7 @@ def _referenced_modules(obj: Any, out: set[str], seen: set[int], depth: int = 0)
 
 
 def code_closure(fn: Callable) -> dict[str, str]:
-    """``{source path: 16-hex sha256}`` of every moelab module that running ``fn`` can execute (issue 15, item 4).
+    """``{source path: source_digest}`` of every moelab module that running ``fn`` can execute.
 
     For a function defined in a moelab module: that module, its parent packages and (transitively, statically) every
     moelab module they import. For a lambda or function defined elsewhere (a notebook): the moelab modules, functions,
@@ -565,22 +612,28 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
-def _keyed(config: dict, fn: Callable) -> tuple[dict, dict]:
-    """(config + code digest + versions + storage format, the code closure itself)."""
+def _keyed(config: dict, fn: Callable, version=None) -> tuple[dict, dict]:
+    """(config + code digest + versions + storage format [+ the step's own ``version``], the code closure itself)."""
     if not isinstance(config, dict):
         raise ValueError(f"cache config must be a dict, got {type(config).__name__}")
-    reserved = {"_code", "_versions", "_format"} & set(config)
+    reserved = {"_code", "_versions", "_format", "_version"} & set(config)
     if reserved:
         raise ValueError(f"cache config keys {sorted(reserved)} are reserved by moelab.cache; rename them")
+    if version is not None and not isinstance(version, (str, int)):
+        raise ValueError(f"cache version must be a str or int (bump it when data or external behaviour changes), "
+                         f"got {version!r}")
     closure = code_closure(fn)
     digest = hashlib.sha256(json.dumps(closure, sort_keys=True).encode()).hexdigest()[:16]
-    return {**config, "_code": digest, "_versions": package_versions(), "_format": FORMAT}, closure
+    cfg = {**config, "_code": digest, "_versions": package_versions(), "_format": FORMAT}
+    if version is not None:
+        cfg["_version"] = version
+    return cfg, closure
 
 
-def _artifact(kind: str, config: dict, build: Callable[[Path], None], keyed_by: Callable) -> Path:
+def _artifact(kind: str, config: dict, build: Callable[[Path], None], keyed_by: Callable, version=None) -> Path:
     if not kind or "/" in kind:
         raise ValueError(f"artifact kind must be a non-empty name without '/', got {kind!r}")
-    cfg, closure = _keyed(config, keyed_by)
+    cfg, closure = _keyed(config, keyed_by, version)
     path = cache_root() / "artifacts" / kind / key(cfg)
     if is_complete(path) and (problems := entry_problems(path)):
         invalidate(path, problems)
@@ -591,19 +644,21 @@ def _artifact(kind: str, config: dict, build: Callable[[Path], None], keyed_by: 
     return path
 
 
-def artifact(kind: str, config: dict, build: Callable[[Path], None]) -> Path:
+def artifact(kind: str, config: dict, build: Callable[[Path], None], version=None) -> Path:
     """Directory ``cache_root()/artifacts/<kind>/<key>`` built once by ``build(tmpdir)`` and reused.
 
     The key hashes ``config``, :func:`package_versions` and :func:`code_closure` of ``build``, so changing a setting,
-    a package version or any moelab module the builder can run builds a new entry. An entry whose files were
-    truncated or deleted since is rebuilt.
+    a package version or any moelab module the builder can run builds a new entry. The code part is each module's
+    :func:`source_digest` (a docstring, comment or import-order edit keeps the key). ``version`` (a str or int) is
+    for what the code hash cannot see: bump it when a data file or an external tool's behaviour changes. An entry
+    whose files were truncated or deleted since is rebuilt.
     """
-    return _artifact(kind, config, build, build)
+    return _artifact(kind, config, build, build, version)
 
 
-def memo(kind: str, config: dict, compute: Callable[[], Any]) -> Any:
-    """Cache the value of ``compute()`` (torch tensors, numpy arrays, DataFrames, plain objects) by configuration
-    and by the code ``compute`` can run (:func:`code_closure`)."""
+def memo(kind: str, config: dict, compute: Callable[[], Any], version=None) -> Any:
+    """Cache the value of ``compute()`` (torch tensors, numpy arrays, DataFrames, plain objects) by configuration,
+    by the code ``compute`` can run (:func:`code_closure`) and by ``version`` (see :func:`artifact`)."""
 
     def build(tmp: Path):
         value = compute()
@@ -616,7 +671,7 @@ def memo(kind: str, config: dict, compute: Callable[[], Any]) -> Any:
             with open(tmp / "value.pkl", "wb") as f:
                 pickle.dump(value, f)
 
-    path = _artifact(kind, config, build, compute)
+    path = _artifact(kind, config, build, compute, version)
     if (path / "value.pt").exists():
         import torch  # optional, as above
 

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from moelab.claims import frame as claims_frame
 from moelab.claims import rebuild as claims_rebuild
+from moelab.cache import source_digest
 from moelab.profiles import check_profile
 from moelab.seed import seed_everything
 
@@ -187,13 +188,34 @@ def hardware() -> dict:
     return hw
 
 
+# How provenance's ``sources`` identify a file. "ast-v1": moelab modules by :func:`moelab.cache.source_digest` (the
+# normalised AST, as in the cache keys), the notebook by its bytes (its narrative is published with the run).
+# Provenance written before it has no ``source_digest`` field and holds raw sha256 prefixes throughout.
+SOURCE_DIGEST = "ast-v1"
+
+
 def file_sha(path: Path) -> str:
+    """16-hex-digit sha256 of a file's bytes."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def source_id(rel: str, kind: str | None = SOURCE_DIGEST) -> str:
+    """The identity of repository file ``rel`` as provenance records it under digest ``kind`` (``None``: legacy raw
+    sha256 for every file)."""
+    p = REPO_ROOT / rel
+    if kind is None or not rel.startswith("lib/"):
+        return file_sha(p)
+    if kind != SOURCE_DIGEST:
+        raise ValueError(f"unknown source digest {kind!r} in provenance.json; this moelab knows {SOURCE_DIGEST!r}")
+    return source_digest(p)
 
 
 # not sources of a run's numbers: verdict code (recomputed from saved tables by `moelab.claims rebuild`, never by a
 # rerun) and the run plumbing (where files go, provenance, the runner)
-VERDICT_CODE = ("lib/moelab/claims/", "lib/moelab/nbrun.py", "lib/moelab/notebooks.py")
+VERDICT_CODE = ("lib/moelab/claims/", "lib/moelab/nbrun.py", "lib/moelab/notebooks.py",
+                # the artifact cache decides whether a step is rebuilt, never what it computes; the progress bar
+                # only displays (both are left out of the cache keys too: cache.NOT_IN_KEYS)
+                "lib/moelab/cache.py", "lib/moelab/progress.py")
 
 
 def source_hashes(notebook: str) -> dict:
@@ -204,14 +226,14 @@ def source_hashes(notebook: str) -> dict:
     out = {}
     nb = REPO_ROOT / "notebooks" / f"{notebook}.py"
     if nb.exists():
-        out[str(nb.relative_to(REPO_ROOT))] = file_sha(nb)
+        out[str(nb.relative_to(REPO_ROOT))] = source_id(str(nb.relative_to(REPO_ROOT)))
     lib = REPO_ROOT / "lib" / "moelab"
     for name, mod in sorted(sys.modules.items()):
         f = getattr(mod, "__file__", None)
         if name.startswith("moelab") and f and Path(f).resolve().is_relative_to(lib):
             rel = str(Path(f).resolve().relative_to(REPO_ROOT))
             if not rel.startswith(VERDICT_CODE):
-                out[rel] = file_sha(Path(f))
+                out[rel] = source_id(rel)
     return out
 
 
@@ -316,6 +338,7 @@ class NotebookRun:
         prov = self.provenance()
         prov["publish"] = self.publish
         prov["sources"] = source_hashes(self.notebook)
+        prov["source_digest"] = SOURCE_DIGEST
         (self.out_dir / "provenance.json").write_text(json.dumps(prov, indent=1, default=str))
         previous = self.final_dir / "claims.json"
         if self.publish and previous.exists():   # lets rebuild log verdict changes against the published file

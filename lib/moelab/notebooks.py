@@ -33,8 +33,8 @@ from pathlib import Path
 from moelab.cache import cache_root
 from moelab.claims import rebuild as claims_rebuild
 from moelab.claims import scorecard_markdown
-from moelab.nbrun import (REPO_ROOT, VERDICT_CODE, figures_root, file_sha, git_commit, output_dir,
-                          recover_published)
+from moelab.nbrun import (REPO_ROOT, VERDICT_CODE, figures_root, git_commit, output_dir, recover_published,
+                          source_id)
 from moelab.profiles import PROFILES, check_profile
 
 NB_DIR = REPO_ROOT / "notebooks"
@@ -58,12 +58,13 @@ def sources_current(prov_path: Path) -> tuple[bool, list[str]]:
     if not prov_path.exists():
         return False, ["(never run)"]
     prov = json.loads(prov_path.read_text())
+    kind = prov.get("source_digest")  # None: written before normalised digests (raw sha256 of every file)
     changed = []
     for rel, sha in prov.get("sources", {}).items():
-        if rel.startswith(VERDICT_CODE):   # provenance written before the claims package was left out
+        if rel.startswith(VERDICT_CODE):   # provenance written before these modules were left out
             continue
         p = REPO_ROOT / rel
-        if not p.exists() or file_sha(p) != sha:
+        if not p.exists() or source_id(rel, kind) != sha:
             changed.append(rel)
     if not prov.get("sources"):
         changed.append("(no source hashes recorded)")
