@@ -123,7 +123,7 @@ def toy_bigbench(tmp_cache, tmp_path, monkeypatch):
     with tarfile.open(sdist, "w:gz") as tar:
         tar.add(tmp_path / "src" / "bigbench-1.0.0", arcname="bigbench-1.0.0")
     monkeypatch.setattr(assets, "bigbench_sdist", lambda: sdist)
-    monkeypatch.setattr(assets, "_required_bigbench_tasks", lambda: ["toy"])
+    monkeypatch.setattr(assets, "BIGBENCH_TASKS", ["toy"])
     return task
 
 

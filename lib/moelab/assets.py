@@ -66,12 +66,19 @@ PIP_PINS = {
 }
 BIGBENCH_SDIST = "bigbench==1.0.0"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# BIG-bench tasks every notebook may need (the suite adds its own list in moelab.suite.BIGBENCH_TASKS).
+# The one list of BIG-bench tasks the project reads (top-level task names): `install` extracts exactly these from the
+# bigbench==1.0.0 source archive; the suite addresses subtasks as "<task>/<subtask>" (moelab.suite.bigbench).
 BIGBENCH_TASKS = [
-    "elementary_math_qa", "date_understanding", "logical_deduction", "tracking_shuffled_objects", "hyperbaton",
-    "formal_fallacies_syllogisms_negation", "disambiguation_qa", "winowhy", "cifar10_classification",
-    "navigate", "sports_understanding", "causal_judgment", "temporal_sequences", "penguins_in_a_table",
+    "elementary_math_qa",  # maths
+    # reasoning / knowledge (instruction mix and LM evaluation)
+    "date_understanding", "logical_deduction", "tracking_shuffled_objects", "hyperbaton",
+    "formal_fallacies_syllogisms_negation", "disambiguation_qa", "winowhy", "navigate", "sports_understanding",
+    "causal_judgment", "temporal_sequences", "reasoning_about_colored_objects", "penguins_in_a_table",
     "snarks", "ruin_names", "movie_recommendation", "geometric_shapes", "object_counting", "word_sorting",
+    # text classification candidates (MASS's GLUE stand-in)
+    "intent_recognition", "epistemic_reasoning", "vitaminc_fact_verification", "logical_fallacy_detection",
+    "play_dialog_same_or_different", "presuppositions_as_nli", "metaphor_boolean",
+    "cifar10_classification",  # images (base64 PNG subtask)
 ]
 DEBIAN = {"fashion-mnist": "dataset-fashion-mnist", "wordnet": "wordnet-base"}
 
@@ -294,17 +301,6 @@ def humaneval_problems() -> dict:
     return read_problems(str(d / "data" / "HumanEval.jsonl.gz"))
 
 
-def _required_bigbench_tasks() -> list[str]:
-    tasks = list(BIGBENCH_TASKS)
-    try:
-        from moelab.suite import BIGBENCH_TASKS as suite_tasks  # noqa: N811
-
-        tasks += [t for t in suite_tasks if t not in tasks]
-    except (ImportError, AttributeError):
-        pass
-    return tasks
-
-
 def bigbench_sdist() -> Path:
     """The verified BIG-bench 1.0.0 source archive (downloaded into the cache by ``install``)."""
     d = cache_root() / "downloads"
@@ -367,7 +363,7 @@ def extract_bigbench(tasks=None, check_hashes: bool = False) -> Path:
 
     Each task folder records its files' sizes and sha256; a folder whose files changed since (sizes always, contents
     with ``check_hashes``, as ``install`` asks) is extracted again."""
-    tasks = list(tasks or _required_bigbench_tasks())
+    tasks = list(tasks or BIGBENCH_TASKS)
     root = _bigbench_root()
     todo = [t for t in tasks if not check_derived(root / t, hashes=check_hashes)]
     if not todo:
@@ -416,9 +412,9 @@ def bigbench_task(name: str, subtask: str | None = None) -> dict:
     d = _bigbench_root() / name
     for attempt in (1, 2):
         if not check_derived(d):
-            if name not in _required_bigbench_tasks():
+            if name not in BIGBENCH_TASKS:
                 raise MissingAsset(f"bigbench:{name}", "not in the extracted task list; add it to "
-                                   "moelab.suite.BIGBENCH_TASKS or moelab.assets.BIGBENCH_TASKS", INSTALL_HINT)
+                                   "moelab.assets.BIGBENCH_TASKS", INSTALL_HINT)
             try:
                 extract_bigbench()
             except MissingAsset:

@@ -16,19 +16,7 @@ from __future__ import annotations
 
 import importlib
 
-# BIG-bench tasks the suite reads (top-level task names: moelab.assets extracts exactly these from the
-# bigbench==1.0.0 source archive). The suite addresses subtasks as "<task>/<subtask>" (see SUITE_BIGBENCH).
-BIGBENCH_TASKS = [
-    "elementary_math_qa",  # maths
-    # reasoning / knowledge (instruction mix and LM evaluation)
-    "date_understanding", "logical_deduction", "tracking_shuffled_objects", "hyperbaton",
-    "formal_fallacies_syllogisms_negation", "disambiguation_qa", "winowhy", "navigate", "sports_understanding",
-    "causal_judgment", "temporal_sequences", "reasoning_about_colored_objects", "penguins_in_a_table",
-    # text classification candidates (MASS's GLUE stand-in)
-    "intent_recognition", "epistemic_reasoning", "vitaminc_fact_verification", "logical_fallacy_detection",
-    "play_dialog_same_or_different", "presuppositions_as_nli", "metaphor_boolean",
-    "cifar10_classification",  # images (base64 PNG subtask)
-]
+from moelab.assets import BIGBENCH_TASKS  # noqa: F401  (the one list; the suite reads these tasks)
 
 _SUBMODULES = ("instruct", "lmeval", "sandbox", "scorecard", "embed", "textcls", "images", "bigbench", "dedup",
                "mathgen", "codegen", "wordnet")

@@ -28,7 +28,7 @@ import zlib
 import numpy as np
 import pandas as pd
 
-from moelab.suite import BIGBENCH_TASKS
+from moelab.assets import BIGBENCH_TASKS
 
 SEED = 0
 OPTION_SHUFFLE_VERSION = "options-v1"  # part of every item's option seed: change it to draw new orders
@@ -42,10 +42,10 @@ class Items(list):
 
 def load_task(name: str) -> dict:
     """The parsed ``task.json`` of a BIG-bench task (``"hyperbaton"``, ``"logical_deduction/three_objects"``),
-    through ``moelab.assets.bigbench_task``. ``ValueError`` for a task not declared in ``BIGBENCH_TASKS``."""
+    through ``moelab.assets.bigbench_task``. ``ValueError`` for a task not declared in ``moelab.assets.BIGBENCH_TASKS``."""
     top, _, sub = name.partition("/")
     if top not in BIGBENCH_TASKS:
-        raise ValueError(f"BIG-bench task {name!r} is not in moelab.suite.BIGBENCH_TASKS")
+        raise ValueError(f"BIG-bench task {name!r} is not in moelab.assets.BIGBENCH_TASKS")
     from moelab import assets
 
     return assets.bigbench_task(top, sub or None)
