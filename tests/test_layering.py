@@ -119,3 +119,31 @@ def test_moved_names_are_reexported_unchanged():
     assert moce.find_knee([1, 2, 3, 4, 5], [100.0, 30.0, 20.0, 15.0, 12.0], method="chord")["k"] == 2
     from moelab.claims.defs.nb04_mass import elbow_max_chord, frontier  # noqa: F401  (the claims use these)
     assert elbow_max_chord is stats.elbow_max_chord and frontier is mass.frontier
+
+
+# a package's own lazy entry point: `import moelab` stays cheap (no torch, no claims) until a notebook starts a run
+LAZY_ALLOWED = {("moelab", "start_run")}
+
+
+def function_local_moelab_imports(source: str, modname: str) -> list[str]:
+    """``function: import`` for every moelab import (absolute or relative) inside a function body."""
+    out = []
+    for fn in ast.walk(ast.parse(source)):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and (modname, fn.name) not in LAZY_ALLOWED:
+            for n in ast.walk(fn):
+                if (isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").startswith("moelab"))
+                        or isinstance(n, ast.Import) and any(a.name.startswith("moelab") for a in n.names)):
+                    out.append(f"{modname}.{fn.name}: line {n.lineno}")
+    return out
+
+
+def test_moelab_imports_sit_at_the_top_of_their_module():
+    """STYLE.md: a reader sees a module's dependencies in its first lines (architecture v2, item 2)."""
+    bad = [v for p in lib_files() for v in function_local_moelab_imports(p.read_text(), module_name(p))]
+    assert not bad, "move these moelab imports to the top of their module:\n" + "\n".join(bad)
+
+
+def test_the_local_import_check_catches_one():
+    src = "import os\n\ndef f():\n    from moelab import assets\n    from .x import y\n    return os\n"
+    assert len(function_local_moelab_imports(src, "moelab.suite.demo")) == 2
+    assert function_local_moelab_imports("def start_run():\n    from moelab.nbrun import R\n", "moelab") == []

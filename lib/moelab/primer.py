@@ -16,7 +16,10 @@ import pandas as pd
 import torch
 from torch import nn
 
-from moelab.core import moe_layers
+from moelab.assets import minilm_path, wordnet_dir
+from moelab.core import capture_moe, moe_layers, top_p_route, topk_route
+from moelab.core.aggregation import linear, sba
+from moelab.core.dispatch import moe_dispatch, naive_dispatch
 from moelab.core.losses import load_balancing_loss
 
 __all__ = ["wordnet_gloss_pairs", "load_minilm_hf", "embed", "contrastive_loss_fn", "routing_table", "expert_load",
@@ -27,8 +30,6 @@ __all__ = ["wordnet_gloss_pairs", "load_minilm_hf", "embed", "contrastive_loss_f
 def wordnet_gloss_pairs(n: int, seed: int = 0, min_words: int = 3) -> list[tuple[str, str]]:
     """``n`` (lemma, gloss) pairs from WordNet's noun synsets, shuffled with ``seed`` (gloss = text before the first
     ';' or example quote; lemmas with underscores become spaces). One pair per synset, glosses of >= ``min_words``."""
-    from moelab.assets import wordnet_dir
-
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     pairs = []
@@ -53,8 +54,6 @@ def wordnet_gloss_pairs(n: int, seed: int = 0, min_words: int = 3) -> list[tuple
 def load_minilm_hf():
     """(BertModel, tokenizer) of the real all-MiniLM-L6-v2 in float32 (transformers' AutoModel)."""
     from transformers import AutoModel, AutoTokenizer
-
-    from moelab.assets import minilm_path
 
     p = str(minilm_path())
     return AutoModel.from_pretrained(p, dtype=torch.float32), AutoTokenizer.from_pretrained(p)
@@ -175,8 +174,6 @@ def two_vector_aggregation(angles_deg, weights=(0.5, 0.5), norms=(1.0, 1.0)) -> 
     """Linear vs spherical (SBA) aggregation of two expert outputs at the given angles (2-D, so it can be drawn):
     ``y_lin = w1 e1 + w2 e2`` vs ``moelab.core.aggregation.sba``. Returns norms of both and the expected linear norm
     for equal unit vectors and weights, cos(θ/2) (SBA paper 001, Sec. III: the inward collapse)."""
-    from moelab.core.aggregation import linear, sba
-
     rows = []
     w = torch.tensor([list(weights)], dtype=torch.float64)
     for a in angles_deg:
@@ -194,8 +191,6 @@ def time_dispatch(layer, x, tokens_list, repeats: int = 3) -> pd.DataFrame:
     """Wall time of the sorted grouped dispatch (:func:`moelab.core.moe_dispatch`) vs the per-token loop
     (:func:`moelab.core.dispatch.naive_dispatch`) for a real MoE ``layer`` on real FFN inputs ``x [T,d]`` routed by
     the layer's own router. One row per (tokens, impl, repeat), with the max abs difference of the two outputs."""
-    from moelab.core.dispatch import moe_dispatch, naive_dispatch
-
     if max(tokens_list) > x.shape[0]:
         raise ValueError(f"tokens_list asks for {max(tokens_list)} tokens, x has {x.shape[0]}")
     rows = []
@@ -229,8 +224,6 @@ def router_logits(model, tok, texts, batch_size: int = 32, max_length: int = 32)
 def active_expert_counts(logits: list[torch.Tensor], top_k: int, top_ps) -> pd.DataFrame:
     """Number of experts each token activates under top-k and under top-p (MASS convention, ``core.top_p_route``):
     one row per (rule, layer, token)."""
-    from moelab.core import top_p_route, topk_route
-
     rows = []
     for li, z in enumerate(logits):
         r = topk_route(z, top_k)
@@ -247,9 +240,6 @@ def active_expert_counts(logits: list[torch.Tensor], top_k: int, top_ps) -> pd.D
 def real_norm_ratio(model, tok, texts, max_length: int = 32) -> pd.DataFrame:
     """For real tokens (one text at a time, so no padding) at each MoE layer: the norm of the linear mix and of the
     SBA mix of the kept experts' outputs, relative to the weighted mean expert norm Σ_i w_i ||e_i|| (SBA's radius)."""
-    from moelab.core import capture_moe
-    from moelab.core.aggregation import linear, sba
-
     model.eval()
     with capture_moe(model, keep_outputs=True, stats=False) as cap:
         for t in texts:

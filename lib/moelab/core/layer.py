@@ -13,6 +13,7 @@ from . import routing as R
 from .aggregation import METHODS, aggregate
 from .dispatch import moe_dispatch
 from .experts import StackedExperts, optimizer_copy_rows, optimizer_replace_param
+from .init import dense_ffn_spec, resolve_init
 from .losses import load_balancing_loss
 
 __all__ = ["MoELayer", "moe_layers", "aux_loss", "ROUTERS"]
@@ -263,7 +264,6 @@ class MoELayer(nn.Module):
                    **kw) -> "MoELayer":
         """MoE layer whose experts are initialised from a dense FFN (``init``: "sparse" | "noise" | "drop" |
         callable ``init(dense_ffn, layer, calib_x)``; see :mod:`moelab.core.init`). Paper 002 / upcycling notebooks."""
-        from .init import dense_ffn_spec, resolve_init
         spec = dense_ffn_spec(ffn)
         kw.setdefault("act", spec.act)
         kw.setdefault("bias", spec.b_in is not None)

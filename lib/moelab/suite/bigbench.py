@@ -28,6 +28,7 @@ import zlib
 import numpy as np
 import pandas as pd
 
+from moelab import assets
 from moelab.assets import BIGBENCH_TASKS
 
 SEED = 0
@@ -46,8 +47,6 @@ def load_task(name: str) -> dict:
     top, _, sub = name.partition("/")
     if top not in BIGBENCH_TASKS:
         raise ValueError(f"BIG-bench task {name!r} is not in moelab.assets.BIGBENCH_TASKS")
-    from moelab import assets
-
     return assets.bigbench_task(top, sub or None)
 
 

@@ -13,6 +13,8 @@ import ast
 import zlib
 from pathlib import Path
 
+from moelab import assets, cache
+
 _SKIP_DIRS = {"test", "tests", "idlelib", "lib2to3", "tkinter", "turtledemo", "ensurepip", "site-packages",
               "__pycache__", "pydoc_data", "encodings"}
 
@@ -55,11 +57,7 @@ def stdlib_functions(root: Path | None = None) -> tuple[list[dict], dict]:
     """
     import sys
 
-    from moelab import cache
-
     if root is None:
-        from moelab import assets
-
         root = assets.stdlib_dir()
     root = Path(root)
     return cache.memo("stdlib_functions", dict(root=str(root), python=sys.version, version=1),

@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from moelab import profiles, progress
+from moelab import assets, cache, profiles, progress
+from moelab.stats import bootstrap_ci
+from moelab.suite import codegen, instruct, wordnet
 
 SEED = 0
 SIZES = {
@@ -65,8 +67,6 @@ def _is_eval(key: str) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def _nouns():
-    from moelab.suite import wordnet
-
     syn = wordnet.synsets("n")
     return syn
 
@@ -81,8 +81,6 @@ def _strip_docstring(code: str) -> str:
 
 # ------------------------------------------------------------------ benchmarks
 def _sts(syn, n, rng):
-    from moelab.suite import wordnet
-
     offs = sorted(o for o in syn if _is_eval(o) and syn[o].definition and syn[o].hypernyms)
     children: dict[str, list] = {}
     for o, s in syn.items():
@@ -131,8 +129,6 @@ def _clustering_wordnet(syn, n_sub, size, rng):
 
 
 def _clustering_bigbench(n_sub, size, rng):
-    from moelab.suite import instruct
-
     pool = []
     for t in instruct.REASONING_TRAIN_TASKS + instruct.REASONING_HELDOUT_TASKS + [instruct.MATH_MC_TASK]:
         pool += [(it["input"], t.split("/")[0]) for it in instruct.task_splits(t)["test"]]
@@ -166,8 +162,6 @@ def _pairclass(syn, n, rng):
 
 
 def _code_functions(split_test: bool):
-    from moelab.suite import codegen
-
     fns, _ = codegen.stdlib_functions()
     out = []
     for f in fns:
@@ -209,8 +203,6 @@ def benchmarks(profile: str, sizes: dict | None = None) -> dict:
 
 # ------------------------------------------------------------------ training pairs
 def _build_pairs(profile: str) -> dict:
-    from moelab.suite import instruct
-
     sz = SIZES[profile]
     syn = _nouns()
     pairs = []
@@ -236,8 +228,6 @@ def _build_pairs(profile: str) -> dict:
 def pairs(profile: str) -> dict:
     """(anchor, positive) pairs: ``{"train", "validation", "test"}``; disjoint from every benchmark's sources."""
     profiles.check_profile(profile)
-    from moelab import cache
-
     return cache.memo("embed_pairs", dict(version="pairs-v1", profile=profile, sizes=SIZES[profile]),
                       lambda: _build_pairs(profile))
 
@@ -289,8 +279,6 @@ def evaluate(encode_fn, benchmarks: dict, n_boot: int = 1000, seed: int = 0):
     (benchmark, kind, metric, score, ci_low, ci_high, n). Intervals: percentile bootstrap over pairs / queries;
     over subsets for clustering."""
     import pandas as pd
-
-    from moelab.stats import bootstrap_ci
 
     rows = []
     rng = np.random.default_rng(seed)
@@ -375,8 +363,6 @@ def validate(profiles_=("default", "full"), path=None):
 
 def _validate_one(profile: str, sizes: dict | None = None):
     import pandas as pd
-
-    from moelab import assets
 
     bms = benchmarks(profile, sizes)
     st = assets.load_minilm()

@@ -15,7 +15,8 @@ import io
 
 import numpy as np
 
-from moelab import profiles
+from moelab import assets, cache, profiles
+from moelab.suite import bigbench
 
 FASHION_LABELS = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
                   "Ankle boot"]
@@ -41,8 +42,6 @@ def stratified_subset(y: np.ndarray, n: int | None, seed: int) -> np.ndarray:
 
 def fashion_mnist(profile: str) -> dict:
     """``dict(train_x uint8 [N,28,28], train_y int64 [N], test_x, test_y, labels)`` for ``profile``."""
-    from moelab import assets
-
     n_train, n_test = FASHION_SIZES[profiles.check_profile(profile)]
     d = assets.fashion_mnist()
     tr = stratified_subset(d["train_y"], n_train, 0)
@@ -63,11 +62,7 @@ def decode_png_b64(s: str) -> np.ndarray:
 
 
 def _cifar_all() -> dict:
-    from moelab import cache
-
     def build(tmp):
-        from moelab.suite import bigbench
-
         d = bigbench.load_task("cifar10_classification/base64")
         xs, ys = [], []
         for ex in d["examples"]:

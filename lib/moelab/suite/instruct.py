@@ -28,7 +28,7 @@ import functools
 import numpy as np
 import pandas as pd
 
-from moelab import cache, profiles
+from moelab import assets, cache, profiles
 from moelab.suite import bigbench, codegen, dedup, mathgen
 
 VERSION = "instruct-v2"
@@ -114,8 +114,6 @@ def evaluation_texts() -> list[str]:
     for task in [MATH_MC_TASK, *REASONING_TRAIN_TASKS, *REASONING_HELDOUT_TASKS]:
         texts += [mc_record(it, "x")["instruction"] for it in task_splits(task)["test"]]
     texts += [p["question"] for p in gsm_splits()["test"]]
-    from moelab import assets
-
     texts += [p["prompt"] for p in assets.humaneval_problems().values()]
     return texts
 

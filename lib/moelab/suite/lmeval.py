@@ -31,8 +31,9 @@ from pathlib import Path
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from moelab import progress
-from moelab.suite import scorer
+from moelab import assets, profiles, progress
+from moelab.stats import bootstrap_ci
+from moelab.suite import instruct, mathgen, sandbox, scorer
 from moelab.suite.encoding import encode_pair
 
 TASK_DIR = Path(__file__).resolve().parents[3] / "data" / "lm_tasks"
@@ -54,8 +55,6 @@ HUMANEVAL_TIMEOUT_S, HUMANEVAL_MEMORY_MB = 5.0, 512
 
 def limit_for(profile: str):
     """Items per task for a profile (the fixed prefix of each evaluation pool)."""
-    from moelab import profiles
-
     return LIMITS[profiles.check_profile(profile)]
 
 
@@ -74,8 +73,6 @@ def option_order_text(item: dict) -> str:
 @functools.lru_cache(maxsize=None)
 def task_docs(name: str) -> tuple:
     """The documents of one task (``name`` as in the YAML's ``dataset_kwargs.name``), in evaluation order."""
-    from moelab.suite import instruct
-
     if name in MC_TASKS:
         items = instruct.task_splits(MC_TASKS[name])["test"]
         # options in each item's seeded order (bigbench.option_order; issue 15, item 3), recorded per doc
@@ -87,8 +84,6 @@ def task_docs(name: str) -> tuple:
         return tuple(dict(id=p["id"], prompt=_gsm_prompt(p["question"], shots), number=p["number"],
                           question=p["question"]) for p in g["test"])
     if name in ("humaneval", "nll_code"):
-        from moelab import assets
-
         probs = assets.humaneval_problems()
         if name == "humaneval":
             return tuple(dict(id=k, prompt=p["prompt"], entry_point=p["entry_point"], test=p["test"])
@@ -130,15 +125,11 @@ def score_nll(doc, results) -> dict:
 
 
 def score_gsm(doc, results) -> dict:
-    from moelab.suite import mathgen
-
     pred = mathgen.final_number(results[0].split("Question:")[0])
     return {"exact_match": float(pred is not None and pred == doc["number"])}
 
 
 def score_humaneval(doc, results) -> dict:
-    from moelab.suite import sandbox
-
     program = sandbox.humaneval_program(doc, results[0])
     r = sandbox.run_code(program, timeout=HUMANEVAL_TIMEOUT_S, memory_mb=HUMANEVAL_MEMORY_MB)
     return {"pass@1": float(r.passed)}
@@ -306,8 +297,6 @@ def humaneval_pass_at_k(model, tok, n: int = 10, ks=(1, 10), temperature: float 
     import pandas as pd
     import torch
 
-    from moelab.suite import sandbox
-
     if any(k > n for k in ks):
         raise ValueError(f"every k in {ks} must be <= n={n}")
     docs = list(task_docs("humaneval"))[:limit]
@@ -332,8 +321,6 @@ def humaneval_pass_at_k(model, tok, n: int = 10, ks=(1, 10), temperature: float 
 def summarize(df):
     """Mean and bootstrap 95% CI per (task, metric) of a per-item score table."""
     import pandas as pd
-
-    from moelab.stats import bootstrap_ci
 
     rows = []
     for (task, metric), g in df.groupby(["task", "metric"], sort=True):

@@ -37,7 +37,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from moelab import progress, stats
+from moelab import assets, progress, stats
+from moelab.cache import cache_root
 from moelab.suite import baselines, lmeval
 
 DATA = Path(__file__).resolve().parents[3] / "data"
@@ -65,8 +66,6 @@ def _limit(task: str) -> int:
 
 def load_model(name: str):
     """(model, tokenizer) of a scorecard model, through ``moelab.assets``."""
-    from moelab import assets
-
     if name == "smollm2-135m-instruct":
         return assets.load_smollm2()
     if name == "gemma-3-270m":
@@ -256,8 +255,6 @@ def mde_markdown(mde: pd.DataFrame, n_items=MDE_ITEMS) -> str:
 
 def partial_path(model_name: str) -> Path:
     """Per-item scores of one model, written task by task while ``build`` runs (in the moelab cache)."""
-    from moelab.cache import cache_root
-
     return cache_root() / "scorecard" / f"{model_name}.csv"
 
 

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from moelab import profiles, progress
+from moelab import assets, profiles, progress
+from moelab.seed import seed_everything
+from moelab.stats import bootstrap_ci
 from moelab.suite import bigbench
 
 CANDIDATES = ["intent_recognition", "epistemic_reasoning", "vitaminc_fact_verification", "logical_fallacy_detection",
@@ -78,9 +80,6 @@ def finetune_eval(task: dict, ft: dict = FT):
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from moelab import assets
-    from moelab.seed import seed_everything
-
     seed_everything(ft["seed"])
     path = str(assets.minilm_path())
     tok = AutoTokenizer.from_pretrained(path)
@@ -119,8 +118,6 @@ def validate(names=CANDIDATES, path: Path | None = CSV):
     """Measure the candidates ``names`` (fine-tune + test accuracy with bootstrap CI) and write the CSV; rows of
     other tasks already in the CSV are kept (so candidates can be measured one at a time)."""
     import pandas as pd
-
-    from moelab.stats import bootstrap_ci
 
     rows = []
     for t in names:

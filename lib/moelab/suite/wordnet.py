@@ -15,6 +15,8 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from moelab import assets
+
 LEXNAMES = ["adj.all", "adj.pert", "adv.all", "noun.Tops", "noun.act", "noun.animal", "noun.artifact",
             "noun.attribute", "noun.body", "noun.cognition", "noun.communication", "noun.event", "noun.feeling",
             "noun.food", "noun.group", "noun.location", "noun.motive", "noun.object", "noun.person",
@@ -65,8 +67,6 @@ def synsets(pos: str = "n", root: str | None = None) -> dict:
     if pos not in files:
         raise ValueError(f"unknown WordNet part of speech {pos!r}")
     if root is None:
-        from moelab import assets
-
         root = assets.wordnet_dir()
     out = {}
     with open(Path(root) / files[pos], encoding="utf-8", errors="replace") as fh:
