@@ -49,3 +49,21 @@ def test_z_loss_formula_and_bad_input():
         load_balancing_loss(z, 5, 1)
     with pytest.raises(ValueError, match="attention_mask has 4 tokens"):
         load_balancing_loss(z, 3, 1, attention_mask=torch.ones(2, 2))          # z has 5 tokens (issue 15 item 2)
+
+
+def test_in_batch_contrastive_equals_a_loop_and_sentence_transformers_mnrl_scores():
+    from sentence_transformers.util import cos_sim
+
+    from moelab.core.losses import in_batch_contrastive
+
+    g = torch.Generator().manual_seed(0)
+    a, c = torch.randn(4, 6, generator=g), torch.randn(7, 6, generator=g)   # 4 positives, 3 hard negatives
+    loop = 0.0
+    for i in range(4):
+        s = [20.0 * float(torch.dot(a[i], c[j]) / (a[i].norm() * c[j].norm())) for j in range(7)]
+        loop += -(s[i] - float(torch.logsumexp(torch.tensor(s), 0))) / 4
+    assert float(in_batch_contrastive(a, c)) == pytest.approx(loop, rel=1e-5)
+    ref = torch.nn.functional.cross_entropy(20.0 * cos_sim(a, c), torch.arange(4))  # MNRL's own similarity
+    assert float(in_batch_contrastive(a, c)) == pytest.approx(float(ref), rel=1e-6)
+    with pytest.raises(ValueError, match="M >= N"):
+        in_batch_contrastive(a, c[:3])

@@ -20,7 +20,7 @@ from moelab.assets import minilm_path, wordnet_dir
 from moelab.core import capture_moe, moe_layers, top_p_route, topk_route
 from moelab.core.aggregation import linear, sba
 from moelab.core.dispatch import moe_dispatch, naive_dispatch
-from moelab.core.losses import load_balancing_loss
+from moelab.core.losses import in_batch_contrastive, load_balancing_loss
 
 __all__ = ["wordnet_gloss_pairs", "load_minilm_hf", "embed", "contrastive_loss_fn", "routing_table", "expert_load",
            "load_imbalance", "train_only_moe", "moe_param_groups", "two_vector_aggregation", "time_dispatch",
@@ -125,8 +125,7 @@ def contrastive_loss_fn(tok, aux_coef: float = 0.0, scale: float = 20.0, max_len
         stats_a = _layer_stats(model, enc_a["attention_mask"])
         eg, enc_g = embed(model, tok, glosses, max_length)
         stats_g = _layer_stats(model, enc_g["attention_mask"])
-        logits = scale * ea @ eg.T                                         # [B,B]
-        lc = nn.functional.cross_entropy(logits, torch.arange(len(batch), device=logits.device))
+        lc = in_batch_contrastive(ea, eg, scale)                           # [B,B] scores inside
         bal = []
         metrics = {"contrastive": lc.detach()}
         for i, ((za, la), (zg, lg)) in enumerate(zip(stats_a, stats_g)):
@@ -295,8 +294,7 @@ def contrastive_eval_fn(tok, pairs, batch_size: int = 32, scale: float = 20.0, m
             anchors, glosses = zip(*pairs[b:b + batch_size])
             ea, _ = embed(model, tok, anchors, max_length)
             eg, _ = embed(model, tok, glosses, max_length)
-            logits = scale * ea @ eg.T
-            losses.append(float(nn.functional.cross_entropy(logits, torch.arange(len(ea), device=logits.device))))
+            losses.append(float(in_batch_contrastive(ea, eg, scale)))
         return {"heldout_contrastive": float(np.mean(losses))}
 
     return eval_fn

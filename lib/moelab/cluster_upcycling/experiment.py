@@ -34,6 +34,7 @@ from moelab import assets, cache, progress
 from moelab.core import aux_loss, collect_ffn_inputs, moe_layers, moeify
 from moelab.core.convert import ffn_sites
 from moelab.core.init import drop_init, noise_init
+from moelab.core.losses import in_batch_contrastive
 from moelab.seed import seed_everything
 from moelab.suite import embed, images
 from moelab.train import TrainConfig, train
@@ -72,10 +73,7 @@ def infonce_loss(emb: torch.Tensor, n: int, scale: float = 20.0) -> torch.Tensor
     """In-batch InfoNCE = sentence-transformers' MultipleNegativesRankingLoss (cosine, scale 20, anchor -> positive):
     ``L = CE(scale * cos(a_i, p_j), j=i)``. ``emb`` [2n, h] = anchors then positives. Written out because the batch
     carries anchors and positives in one forward (MNRL encodes them in two). Notebook 03's contrastive training."""
-    a = F.normalize(emb[:n], dim=-1)
-    p = F.normalize(emb[n:], dim=-1)
-    scores = scale * a @ p.T  # [n, n]
-    return F.cross_entropy(scores, torch.arange(n, device=emb.device))
+    return in_batch_contrastive(emb[:n], emb[n:], scale)
 
 
 def _moe_entropy(model, mask) -> float | None:

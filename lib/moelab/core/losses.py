@@ -1,4 +1,4 @@
-"""Router auxiliary losses: Switch/GShard load balancing and ST-MoE router z-loss.
+"""Router auxiliary losses (Switch/GShard load balancing, ST-MoE router z-loss) and the in-batch contrastive loss.
 
 Used by every training notebook (MoCE/PESC fine-tuning, MASS, upcycling); introduced in notebook ``00_primer``.
 """
@@ -8,7 +8,7 @@ import torch
 
 from .routing import check_logits
 
-__all__ = ["load_balancing_loss", "router_z_loss"]
+__all__ = ["load_balancing_loss", "router_z_loss", "in_batch_contrastive"]
 
 
 def load_balancing_loss(router_logits, num_experts: int, top_k: int, attention_mask: torch.Tensor | None = None
@@ -71,3 +71,23 @@ def router_z_loss(logits) -> torch.Tensor:
         return torch.stack([router_z_loss(z) for z in logits]).mean()
     z = check_logits(logits).float()
     return torch.logsumexp(z, dim=-1).pow(2).mean()
+
+
+def in_batch_contrastive(anchors: torch.Tensor, candidates: torch.Tensor, scale: float = 20.0) -> torch.Tensor:
+    """In-batch contrastive loss with cosine similarity (InfoNCE; sentence-transformers' MultipleNegativesRankingLoss;
+    SBA paper Eq. 12 with τ = 1/scale):
+
+        L = -1/N Σ_i log( exp(scale·cos(a_i, c_i)) / Σ_j exp(scale·cos(a_i, c_j)) )
+
+    ``anchors`` a [N, d]; ``candidates`` c [M, d], M >= N, whose first N rows are the positives (hard negatives,
+    if any, after them). Written out because the notebooks' trainers pass their own (possibly wrapped or MoE) model,
+    which sentence-transformers' loss module would not call; tests check it against that module. Notebooks 00, 02, 03.
+    """
+    if anchors.dim() != 2 or candidates.dim() != 2 or candidates.shape[0] < anchors.shape[0] \
+            or candidates.shape[1] != anchors.shape[1]:
+        raise ValueError(f"anchors [N, d] and candidates [M >= N, d] expected, got {tuple(anchors.shape)} and "
+                         f"{tuple(candidates.shape)}")
+    a = torch.nn.functional.normalize(anchors, dim=-1)
+    c = torch.nn.functional.normalize(candidates, dim=-1)
+    scores = scale * a @ c.T                                                       # [N, M]
+    return torch.nn.functional.cross_entropy(scores, torch.arange(len(a), device=scores.device))

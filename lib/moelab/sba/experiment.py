@@ -27,6 +27,7 @@ from transformers import AutoTokenizer
 
 from moelab.assets import minilm_path
 from moelab.core.layer import aux_loss
+from moelab.core.losses import in_batch_contrastive
 from moelab.seed import seed_everything
 from moelab.suite import embed as suite_embed
 from moelab.train import Hooks, TrainConfig, flattened, train
@@ -77,10 +78,7 @@ def mnrl_loss(model, batch, scale: float = 20.0, aux_coef: float = 0.01, embed=s
     if "negative" in batch:
         cands.append(embed(model, batch["negative"]))
         aux = aux + aux_loss(model)
-    c = torch.cat(cands)
-    scores = scale * torch.nn.functional.normalize(a, dim=-1) @ torch.nn.functional.normalize(c, dim=-1).T
-    labels = torch.arange(len(a), device=scores.device)
-    ce = torch.nn.functional.cross_entropy(scores, labels)  # Eq. 12
+    ce = in_batch_contrastive(a, torch.cat(cands), scale)  # Eq. 12
     loss = ce + aux_coef * aux.to(ce.device)
     # task_loss: the MNRL alone, whose router gradient the trainer logs (issue 15, item 1)
     return loss, {"mnrl": float(ce.detach()), "aux": float(aux.detach()), "task_loss": ce}
@@ -413,7 +411,7 @@ def _device(device: str) -> str:
 
 
 def nomic_measure(model_path, *, aggregation: str = "linear", subjects: dict | None = None, max_tokens: int = 200,
-                  mteb_tasks=None, seed: int = 0, device: str = "cpu") -> dict:
+                  mteb_tasks=None, seed: int = 0, device: str = "auto") -> dict:
     """Paper profile (SBA paper §III, §V-A; notebook 02_sba): pretrained nomic-embed-text-v2-moe from a local path
     with ``aggregation`` in place of the linear sum and no fine-tuning, measured as :func:`measure_embedder` (geometry
     over ``subjects``) with ``eval`` = the MTEB tasks from local copies (None without ``mteb_tasks``). With "linear"
@@ -427,18 +425,19 @@ def nomic_measure(model_path, *, aggregation: str = "linear", subjects: dict | N
 
 def nomic_finetune_and_measure(*, model_path, aggregation: str, seed: int, train_triplets, val_triplets,
                                subjects: dict, steps: int, batch_size: int, lr: float, grad_accum: int = 1,
-                               eval_every: int = 0, max_tokens: int = 200, mteb_tasks=None, device: str = "cpu",
+                               eval_every: int = 0, max_tokens: int = 200, mteb_tasks=None, device: str = "auto",
                                aux_coef: float = 0.0) -> dict:
     """Paper profile (SBA paper §V): nomic-embed-text-v2-moe from a local path with ``aggregation`` in place of the
     linear sum, fine-tuned with MNRL on all-nli triplets (query prefix on anchors, document prefix on the rest),
-    evaluated on the three MTEB tasks from local copies; geometry over ``subjects`` after training."""
+    evaluated on the three MTEB tasks from local copies; geometry over ``subjects`` after training. ``device`` "auto"
+    trains on CUDA (bf16 autocast, ``moelab.train``) when available."""
     seed_everything(seed)
     device = _device(device)
     m = load_nomic(model_path, aggregation=aggregation, device=device)
     collate = PairCollate(lambda t: m.tokenize(t, "query"), lambda t: m.tokenize(t, "document"))
     res = finetune_embedder(m, train_triplets, val_triplets, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
                             eval_every=eval_every, aux_coef=aux_coef, collate=collate, embed=nomic_embed,
-                            grad_accum=grad_accum)
+                            grad_accum=grad_accum, device=device)
     m = res.model.eval()
     val = res.eval_history
     ev = None if mteb_tasks is None else evaluate_mteb_local_nomic(m, mteb_tasks, seed=seed)
