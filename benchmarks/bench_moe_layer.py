@@ -11,6 +11,14 @@ shuffled order each round; medians with bootstrap 95% CIs over repeats, ratios t
 the ratio of medians. Writes benchmarks/results/moe_layer.json and prints a markdown table.
 
 Run: .venv/bin/python benchmarks/bench_moe_layer.py [--repeats 15] [--tokens 4096] [--threads 2]
+
+--device cuda (issue 33; run by scripts/gpu_check.sh): bf16, forward+backward timed with CUDA events, for the three
+shapes of :data:`CUDA_SHAPES` (d_model, d_ff, experts, top_k, tokens): moelab's MoELayer (impl "auto" = grouped_mm on
+CUDA) vs transformers' MixtralSparseMoeBlock with ``experts_implementation="grouped_mm"`` (same weights, checked equal,
+and outputs checked against it and against moelab's per-expert loop before timing) vs the dense limit (one SwiGLU of
+width top_k*d_ff over the same tokens). Interleaved shuffled repeats; writes
+benchmarks/results/moe_layer_cuda_<card>.json (the card's name in the file name and in ``meta``).
+``--shapes "d,f,E,k,T;..."`` runs that comparison on other shapes (and on the CPU, in fp32, with --device cpu).
 """
 from __future__ import annotations
 
@@ -91,12 +99,23 @@ def bootstrap_ratio(a, b, n_boot=2000, seed=0):
 
 
 def run_candidates(cands: dict, x: torch.Tensor, repeats: int, warmup: int = 2, seed: int = 0):
-    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
+    """Seconds per forward+backward of each candidate, interleaved in a shuffled order each round; on CUDA timed with
+    CUDA events around the call (the stream drained first), else with ``time.perf_counter``."""
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(x.device, x.dtype)
     times = {k: [] for k in cands}
+    cuda = x.device.type == "cuda"
 
     def once(name):
         fn = cands[name]
         xx = x.detach().requires_grad_(True)
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            fn(xx).backward(g)
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1000.0
         t0 = time.perf_counter()
         y = fn(xx)
         y.backward(g)
@@ -190,6 +209,116 @@ def config_b(args):
     return summarize(run_candidates(cands, x, args.repeats), "dense_limit"), dict(
         d_model=d, d_ff=f, num_adapters=E, adapter_width=r, top_k=k, tokens=T,
         dense_limit=f"frozen SwiGLU FFN + one adapter of width {2 * r}")
+
+
+# (d_model, d_ff, experts, top_k, tokens) of issue 33, with its targets: moelab (auto) at most this many times
+# transformers' grouped_mm block and (where given) the dense limit
+CUDA_SHAPES = {
+    "mixtral_like": ((1024, 2816, 8, 2, 16384), {"transformers": 1.0, "dense": 1.6}),
+    "olmoe_like": ((2048, 1024, 64, 8, 16384), {"transformers": 1.0}),
+    "small": ((512, 1024, 8, 2, 4096), {"transformers": 1.0}),
+}
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def parse_shapes(text: str) -> dict:
+    """ "d,f,E,k,T;d,f,E,k,T" -> {label: (shape, {})}; a bad entry raises ValueError naming it."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        try:
+            shape = tuple(int(v) for v in part.split(","))
+        except ValueError:
+            shape = ()
+        if len(shape) != 5 or min(shape) < 1 or shape[3] > shape[2]:
+            raise ValueError(f"shape {part!r}: expected d_model,d_ff,experts,top_k,tokens (positive, top_k <= experts)")
+        out["x".join(map(str, shape))] = (shape, {})
+    if not out:
+        raise ValueError(f"--shapes {text!r} names no shape")
+    return out
+
+
+def same_weights(layer: MoELayer, blk) -> None:
+    """The Mixtral block holds exactly the moelab layer's weights (router, [gate | up], down); else ValueError."""
+    pairs = {"router": (layer.router.weight, blk.gate.weight), "gate_up": (layer.experts.w_in, blk.experts.gate_up_proj),
+             "down": (layer.experts.w_out, blk.experts.down_proj)}
+    bad = [k for k, (a, b) in pairs.items() if a.shape != b.shape or not torch.equal(a.detach(), b.detach())]
+    if bad:
+        raise ValueError(f"moelab layer and transformers block differ in {bad}: copy the weights with mixtral_block()")
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+
+
+def compare_shape(shape, device: str, dtype: torch.dtype, repeats: int, seed: int = 0) -> dict:
+    """One shape of the --device cuda comparison: moelab (auto) vs transformers' Mixtral block (grouped_mm experts)
+    vs the dense limit, forward+backward; same weights checked equal, outputs checked close (relative L2 error within
+    2e-2 in bf16, 1e-5 in fp32) against the block and against moelab's per-expert loop, before timing."""
+    d, f, E, k, T = shape
+    torch.manual_seed(seed)
+    layer = MoELayer(d, f, E, k, act="swiglu", renormalize=True)
+    with torch.no_grad():
+        layer.router.weight.normal_(0, 1.0 / d ** 0.5)
+    blk = mixtral_block(layer)
+    blk.experts.config._experts_implementation = "grouped_mm"
+    dense = SwiGLU(d, k * f)
+    layer, blk, dense = (m.to(device=device, dtype=dtype) for m in (layer, blk, dense))
+    same_weights(layer, blk)
+    x = torch.randn(1, T, d, generator=torch.Generator().manual_seed(seed + 1)).to(device, dtype)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    with torch.no_grad():
+        y = layer(x)
+        checks = {"rel_err_vs_transformers_grouped_mm": rel_err(y, blk(x))}
+        layer.experts.impl = "loop"
+        checks["rel_err_vs_moelab_loop"] = rel_err(y, layer(x))
+        layer.experts.impl = "auto"
+    bad = {k2: v for k2, v in checks.items() if not v <= tol}
+    if bad:
+        raise RuntimeError(f"shape {shape}: outputs differ before timing ({bad}, tolerance {tol})")
+
+    def moelab(xx):
+        return layer(xx)
+    moelab.parameters = layer.parameters
+
+    cands = {"moelab_auto": moelab, "transformers_grouped_mm": blk, "dense_limit": dense}
+    rows = summarize(run_candidates(cands, x, repeats, warmup=3, seed=seed), "dense_limit")
+
+    def ratio(a, b):
+        r = bootstrap_ratio(rows[a]["times_s"], rows[b]["times_s"])
+        return dict(ratio=r[0], ci95=[r[1], r[2]])
+
+    return dict(shape=dict(d_model=d, d_ff=f, num_experts=E, top_k=k, tokens=T), checks=checks, results=rows,
+                comparisons={"moelab_vs_transformers_grouped_mm": ratio("moelab_auto", "transformers_grouped_mm"),
+                             "moelab_vs_dense": ratio("moelab_auto", "dense_limit"),
+                             "transformers_grouped_mm_vs_dense": ratio("transformers_grouped_mm", "dense_limit")})
+
+
+def device_slug(name: str) -> str:
+    return "-".join(filter(None, "".join(c if c.isalnum() else " " for c in name.lower()).split()))
+
+
+def compare_shapes(shapes: dict, device: str, dtype: torch.dtype, repeats: int) -> dict:
+    """:func:`compare_shape` for every ``{label: (shape, targets)}``, with each target's verdict and the run's meta."""
+    import transformers
+    t0 = time.time()
+    name = torch.cuda.get_device_name(0) if device == "cuda" else (platform.processor() or platform.machine())
+    out = []
+    for label, (shape, targets) in shapes.items():
+        r = compare_shape(shape, device, dtype, repeats)
+        c = r["comparisons"]
+        r["targets"] = {t: dict(at_most=v, ratio=c["moelab_vs_transformers_grouped_mm" if t == "transformers"
+                                                   else "moelab_vs_dense"]["ratio"]) for t, v in targets.items()}
+        for t in r["targets"].values():
+            t["met"] = t["ratio"] <= t["at_most"]
+        out.append({"label": label, **r})
+        print(f"{label} {shape}: moelab/transformers grouped_mm x{c['moelab_vs_transformers_grouped_mm']['ratio']:.3f}, "
+              f"moelab/dense x{c['moelab_vs_dense']['ratio']:.3f}, checks {r['checks']}", flush=True)
+    meta = {"device": device, "device_name": name, "dtype": str(dtype).replace("torch.", ""), "repeats": repeats,
+            "torch": torch.__version__, "cuda_runtime": torch.version.cuda, "transformers": transformers.__version__,
+            "wall_s": time.time() - t0,
+            "note": "fwd+bwd per call, x requires grad; CUDA events (stream drained before each call) on CUDA; "
+                    "interleaved shuffled repeats after 3 warm-ups; ratios = median/median with bootstrap 95% CIs"}
+    return {"meta": meta, "shapes": out}
 
 
 def profile_layer(args):
@@ -312,8 +441,27 @@ def main():
     ap.add_argument("--capture-memory", action="store_true", help="measure capture_moe peak memory instead")
     ap.add_argument("--capture-tokens", type=int, default=100_000)
     ap.add_argument("--capture-child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: the three shapes of issue 33 in bf16 (see the module docstring)")
+    ap.add_argument("--shapes", default=None, help='"d_model,d_ff,experts,top_k,tokens;..." for the shape comparison')
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="shape comparison dtype (cuda: bf16, cpu: fp32)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.device == "cuda" or args.shapes:
+        if args.device == "cuda" and not torch.cuda.is_available():
+            ap.error("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+        try:
+            shapes = parse_shapes(args.shapes) if args.shapes else CUDA_SHAPES
+        except ValueError as e:
+            ap.error(str(e))
+        dtype = DTYPES[args.dtype or ("bf16" if args.device == "cuda" else "fp32")]
+        res = compare_shapes(shapes, args.device, dtype, args.repeats)
+        out = Path(args.out) if args.out != ap.get_default("out") else \
+            HERE / "results" / f"moe_layer_{args.device}_{device_slug(res['meta']['device_name'])}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(res, indent=1))
+        print("wrote", out)
+        return
     if args.capture_child:
         capture_memory_child(args.capture_child, args.tokens, d=128, layers=12, batch=4096)
         return

@@ -50,3 +50,11 @@ def tiny(tmp_path_factory):
     test module: the SBA stand-in tests build their upcycled MoEs from it."""
     from sba_tiny import tiny_sentence_transformer
     return tiny_sentence_transformer(tmp_path_factory.mktemp("tiny_bert"))
+
+
+@pytest.fixture(scope="module")
+def tiny_standin(tmp_path_factory):
+    """The same tiny random BERT with a stand-in WordPiece tokenizer (``sba_tiny.standin_tokenizer``) instead of
+    MiniLM's: the CUDA tests check device behaviour and run without the asset cache (issue 33)."""
+    from sba_tiny import standin_tokenizer, tiny_sentence_transformer
+    return tiny_sentence_transformer(tmp_path_factory.mktemp("tiny_bert_standin"), tokenizer=standin_tokenizer())

@@ -1,11 +1,13 @@
 """A tiny random BERT SentenceTransformer (all-MiniLM-L6-v2's tokenizer, 4 layers, d=32) for the SBA stand-in tests:
-the same module structure as MiniLM (Transformer -> mean Pooling -> Normalize) at a size that trains in seconds."""
+the same module structure as MiniLM (Transformer -> mean Pooling -> Normalize) at a size that trains in seconds.
+:func:`standin_tokenizer` replaces MiniLM's tokenizer by a tiny one of the same kind (BERT WordPiece, lower-cased) for
+the CUDA tests, which check device behaviour and must run on a GPU machine without the asset cache (issue 33)."""
 from __future__ import annotations
 
 import torch
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
-from transformers import AutoTokenizer, BertConfig, BertModel
+from transformers import AutoTokenizer, BertConfig, BertModel, BertTokenizer
 
 from moelab.assets import minilm_path
 
@@ -25,8 +27,18 @@ TEXTS = ["a man is playing a guitar on the stage", "the cat sat on the warm mat"
          "farmers harvest wheat in late summer", "the team celebrated their victory"]
 
 
-def tiny_sentence_transformer(path, seed: int = 0) -> SentenceTransformer:
-    tok = AutoTokenizer.from_pretrained(str(minilm_path()))
+def standin_tokenizer() -> BertTokenizer:
+    """A WordPiece tokenizer like MiniLM's (BERT uncased: [CLS] ... [SEP], lower-cased) whose vocabulary is the words
+    of TEXTS plus single characters: needs no asset cache."""
+    chars = "abcdefghijklmnopqrstuvwxyz0123456789"
+    words = sorted({w for t in TEXTS for w in t.lower().split()})
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *(f"##{c}" for c in chars), *words]
+    return BertTokenizer(vocab={w: i for i, w in enumerate(dict.fromkeys(vocab))}, do_lower_case=True)
+
+
+def tiny_sentence_transformer(path, seed: int = 0, tokenizer=None) -> SentenceTransformer:
+    """The tiny random BERT in MiniLM's layout, with MiniLM's tokenizer (from the asset cache) or ``tokenizer``."""
+    tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(minilm_path()))
     torch.manual_seed(seed)
     cfg = BertConfig(vocab_size=tok.vocab_size, **TINY_BERT)
     BertModel(cfg).save_pretrained(str(path))

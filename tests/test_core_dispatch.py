@@ -125,3 +125,51 @@ def test_dispatch_bad_input():
         moe_dispatch(x.double(), idx, w, ex)
     with pytest.raises(ValueError, match="act"):
         StackedExperts(2, 4, 4, act="tanh")
+
+
+# ---------------------------------------------------------------- autocast (the trainer's bf16 on CUDA; issue 33)
+# CPU autocast stands in for CUDA's: the same dispatch decisions, bf16 arithmetic on the CPU.
+@pytest.mark.parametrize("impl", ["grouped_mm", "loop", "fused", "auto"])
+@pytest.mark.parametrize("in_dtype", [torch.float32, torch.bfloat16])
+def test_dispatch_under_bf16_autocast_equals_the_bf16_loop(impl, in_dtype):
+    """fp32 experts under bf16 autocast run their matmuls in bf16 whatever the input dtype (an autocast FFN hands bf16
+    hidden states to fp32 adapters; before issue 33 that raised "x dtype ... != expert parameter dtype"); outputs equal
+    the loop over bf16 copies of the experts, and the fp32 parameters get fp32 gradients."""
+    torch.manual_seed(0)
+    T, k, E, d, f = 13, 2, 4, 16, 32
+    ex = StackedExperts(E, d, f, act="swiglu", bias=True, impl=impl, init_std=0.3)
+    ref_ex = StackedExperts(E, d, f, act="swiglu", bias=True, impl="loop")
+    ref_ex.load_state_dict(ex.state_dict())
+    ref_ex.to(torch.bfloat16)
+    x = torch.randn(T, d).to(in_dtype)
+    idx, w = _route(T, k, E, empty_expert=1, pad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = moe_dispatch(x, idx, w, ex)
+    ref = naive_dispatch(x.to(torch.bfloat16), idx, w, ref_ex)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), ref.float(), atol=3e-2, rtol=3e-2)
+    y.float().sum().backward()
+    assert ex.w_in.grad.dtype == torch.float32 and torch.isfinite(ex.w_in.grad).all()
+    assert (ex.w_in.grad[1] == 0).all() and ex.w_in.grad.abs().sum() > 0    # expert 1 got no token
+
+
+def test_adapter_experts_under_bf16_autocast():
+    """PESC adapters (fp32) on the bf16 output of an autocast dense FFN: the MoCE layer's case under the trainer."""
+    torch.manual_seed(0)
+    d = 16
+    dense = nn.Sequential(nn.Linear(d, 32), nn.GELU(), nn.Linear(32, d))
+    ad = AdapterExperts(dense, num_experts=4, rank=8, scale=0.5, d_model=d)
+    with torch.no_grad():
+        ad.w_up.normal_()
+    x = torch.randn(9, d)
+    idx, w = _route(9, 2, 4)
+    ref = naive_dispatch(x, idx, w, ad)                                      # fp32 reference
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h = ad.prepare(x)
+        assert h.dtype == torch.bfloat16                                     # the autocast FFN's output
+        y = moe_dispatch(x, idx, w, ad)
+    torch.testing.assert_close(y.float(), ref, atol=5e-2, rtol=5e-2)
+    y.float().sum().backward()
+    assert ad.w_down.grad.dtype == torch.float32 and ad.w_down.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="autocast"):                        # outside autocast the dtype must match
+        moe_dispatch(x.to(torch.bfloat16), idx, w, ad)

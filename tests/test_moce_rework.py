@@ -19,6 +19,7 @@ from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig, Lla
 from moelab import assets, launch, moce
 from moelab import train as mtrain
 from moelab.suite import encoding, lmeval, scorer
+from test_free_moe import tok  # noqa: F401  (fixture: a tiny byte-level BPE tokenizer, no asset cache)
 
 torch.set_num_threads(1)
 
@@ -302,13 +303,26 @@ def test_run_from_config_through_the_launcher():
 
 
 # ---------------------------------------------------------------------------------------------------- CUDA path
+def _standin_requests():
+    """Requests of the suite's two shapes (multiple-choice options; an answer after its question) from literal text,
+    standing in for the task data of the asset cache."""
+    mc = [("Question: Is the sentence plausible? The striker scored a goal.\nAnswer:", [" plausible", " implausible"]),
+          ("Question: Which one is a colour?\nAnswer:", [" red", " seven", " quickly"])]
+    out = [Instance("loglikelihood", {"id": f"mc{i}"}, (ctx, c), j) for i, (ctx, cs) in enumerate(mc)
+           for j, c in enumerate(cs)]
+    return out + [Instance("loglikelihood", {"id": f"qa{i}"}, (f"Question: What is {a} + {b}?\nAnswer:", f" {a + b}"), 0)
+                  for i, (a, b) in enumerate([(2, 3), (12, 30)])]
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_batched_hook_and_top1_layer_equal_cpu(smollm2):
-    tok = smollm2[1]
+def test_cuda_batched_hook_and_top1_layer_equal_cpu(tok):
+    """The batched request hook and the top-1 layer on CUDA equal the CPU. A tiny byte-level BPE tokenizer (SmolLM2's
+    kind; ``tok`` from test_free_moe) and literal requests stand in for SmolLM2 and the task data: this checks device
+    behaviour and needs no asset cache (issue 33)."""
     cpu = with_random_moce(tiny_llama(len(tok)), moce.variant_spec("moce_top1", 2, 3, rank=4), [2, 3])
     gpu = copy.deepcopy(cpu).cuda()
-    reqs = _requests("bb_sports_understanding", 3) + _requests("nll_maths", 2)
+    reqs = _standin_requests()
     scores = []
     for m in (cpu, gpu):
         hook = moce.make_request_hook(m, lambda text: len(text) % 2)

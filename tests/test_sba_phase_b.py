@@ -324,12 +324,13 @@ def test_scores_wide_specialisation_summary_and_plot_fig5():
 
 
 @pytest.mark.cuda
-def test_phase_b_run_on_cuda(tiny):
+def test_phase_b_run_on_cuda(tiny_standin):
     """The CUDA path: phase (b) trains on the GPU, the start stays on the CPU for the router movement, the checkpoint
-    comes back on the CPU, and the benchmark scorer reads embeddings from the GPU model."""
+    comes back on the CPU, and the benchmark scorer reads embeddings from the GPU model. The tiny BERT has a stand-in
+    tokenizer (conftest ``tiny_standin``): this checks device behaviour and needs no asset cache."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        r = sba.phase_b_run(tiny, calib_texts=TEXTS, heldout_texts=TEXTS[:8], train_pairs=pairs(24),
+        r = sba.phase_b_run(tiny_standin, calib_texts=TEXTS, heldout_texts=TEXTS[:8], train_pairs=pairs(24),
                             val_pairs=pairs(8), subjects={"a": TEXTS[:4], "b": TEXTS[4:8]}, evaluate=_toy_evaluate,
                             max_tokens=50, seed=0, max_steps=8, eval_every=2, window=1, min_rel_improvement=0.99,
                             batch_size=4, lr=1e-3, val_batches=2, device="cuda")

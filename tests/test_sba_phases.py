@@ -161,8 +161,12 @@ def test_run_from_config_phases_b_then_c(template, tmp_path, monkeypatch):
 
 
 @pytest.mark.cuda
-def test_phases_on_cuda(template):
-    """The CUDA path: phase (b) and (c) train on the GPU; the checkpoint comes back on the CPU."""
+def test_phases_on_cuda(tiny_standin):
+    """The CUDA path: phase (b) and (c) train on the GPU; the checkpoint comes back on the CPU. The tiny BERT has a
+    stand-in tokenizer (conftest ``tiny_standin``): this checks device behaviour and needs no asset cache."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        template = sba.build_nomic_layout_moe(tiny_standin, init="cluster", calib_texts=TEXTS, seed=0, compensate=True)
     r = sba.train_until_plateau(copy.deepcopy(template), pairs(24), pairs(8), max_steps=8, eval_every=2, window=1,
                                 min_rel_improvement=0.99, batch_size=4, lr=1e-3, seed=0, val_batches=2,
                                 device="cuda")

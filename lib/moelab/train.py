@@ -60,7 +60,7 @@ from moelab import progress as mprogress
 from moelab.core import diagnostics
 
 __all__ = ["TrainConfig", "TrainResult", "Hooks", "train", "flattened", "EMA", "lr_factor", "latest_checkpoint",
-           "unwrap"]
+           "unwrap", "resolve_device"]
 
 HOOK_NAMES = ("after_backward", "after_step", "on_eval", "on_save", "before_resume")
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
@@ -428,19 +428,39 @@ class _BatchStream:
         return {"epoch": self.epoch, "index": self.index}
 
 
+def resolve_device(device: str = "auto", mixed_precision: str = "auto", *, cuda_available: bool | None = None,
+                   bf16_supported: bool | None = None) -> tuple[str, str]:
+    """Where a run with these :class:`TrainConfig` settings trains and in which autocast precision: ``(device,
+    mixed_precision)`` with device "cpu" or "cuda" and precision "no", "bf16" or "fp16" (issue 33).
+
+    ``device="auto"``: CUDA when a device is visible, else the CPU. ``mixed_precision="auto"``: bf16 autocast on a
+    CUDA device that supports it, else none (fp32); an explicit "bf16"/"fp16" needs CUDA. ``cuda_available`` /
+    ``bf16_supported`` replace the probes of this machine (tests of the CUDA decisions on a CPU machine).
+    """
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+    if mixed_precision not in MIXED_PRECISION:
+        raise ValueError(f"mixed_precision must be one of {MIXED_PRECISION}, got {mixed_precision!r}")
+    has_cuda = torch.cuda.is_available() if cuda_available is None else bool(cuda_available)
+    if device == "cuda" and not has_cuda:
+        raise ValueError("TrainConfig.device='cuda' but no CUDA device is available; use device='auto' or 'cpu'")
+    dev = "cuda" if (device == "cuda" or (device == "auto" and has_cuda)) else "cpu"
+    mp = mixed_precision
+    if mp == "auto":
+        supported = torch.cuda.is_bf16_supported() if (dev == "cuda" and bf16_supported is None) else bf16_supported
+        mp = "bf16" if (dev == "cuda" and supported) else "no"
+    elif mp != "no" and dev == "cpu":
+        raise ValueError(f"mixed_precision={mp!r} needs a CUDA device; use 'auto' or 'no' on CPU")
+    return dev, mp
+
+
 def _make_accelerator(cfg: TrainConfig):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs
 
-    cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("TrainConfig.device='cuda' but no CUDA device is available")
-    mp = cfg.mixed_precision
-    if mp == "auto":
-        mp = "bf16" if (not cpu and torch.cuda.is_bf16_supported()) else "no"
-    elif mp != "no" and cpu:
-        raise ValueError(f"mixed_precision={mp!r} needs a CUDA device; use 'auto' or 'no' on CPU")
+    dev, mp = resolve_device(cfg.device, cfg.mixed_precision)
+    cpu = dev == "cpu"
     # One process: drop the previous Accelerator's global state so successive calls may differ in precision or
     # device (a notebook trains several models). Multi-process: the state holds the process group; keep it.
     if PartialState._shared_state and PartialState().num_processes == 1:
@@ -527,103 +547,110 @@ def train(
     for obj in checkpoint_objects or []:
         acc.register_for_checkpointing(obj)
     raw = _unwrap(acc.unwrap_model(model))
+    try:
 
-    rows: list[dict] = []
-    eval_rows: list[dict] = []
-    start, pos, rng_after_fetch = 0, {"epoch": 0, "index": 0}, None
-    ckpt_root = Path(cfg.ckpt_dir) if cfg.ckpt_dir is not None else None
-    last = latest_checkpoint(ckpt_root) if (ckpt_root is not None and cfg.resume) else None
-    if last is not None:
-        st = json.loads((last / "trainer_state.json").read_text())
-        if st["steps_total"] != cfg.steps or st["grad_accum"] != cfg.grad_accum:
-            raise ValueError(f"checkpoint {last} was written with steps={st['steps_total']}, "
-                             f"grad_accum={st['grad_accum']}; cfg has steps={cfg.steps}, grad_accum={cfg.grad_accum}")
-        if st["num_processes"] != acc.num_processes:
-            raise ValueError(f"checkpoint {last} was written by {st['num_processes']} processes, "
-                             f"this run has {acc.num_processes}")
-        if hooks.before_resume:
-            hooks.before_resume(st["step"], last, raw, optimizer)
-        acc.load_state(str(last))
-        start, pos, rows, eval_rows = st["step"], st["position"], st["history"], st["eval_history"]
-        rng_after_fetch = torch.load(last / f"trainer_rng_{acc.process_index}.pt", weights_only=False)
+        rows: list[dict] = []
+        eval_rows: list[dict] = []
+        start, pos, rng_after_fetch = 0, {"epoch": 0, "index": 0}, None
+        ckpt_root = Path(cfg.ckpt_dir) if cfg.ckpt_dir is not None else None
+        last = latest_checkpoint(ckpt_root) if (ckpt_root is not None and cfg.resume) else None
+        if last is not None:
+            st = json.loads((last / "trainer_state.json").read_text())
+            if st["steps_total"] != cfg.steps or st["grad_accum"] != cfg.grad_accum:
+                raise ValueError(f"checkpoint {last} was written with steps={st['steps_total']}, "
+                                 f"grad_accum={st['grad_accum']}; cfg has steps={cfg.steps}, "
+                                 f"grad_accum={cfg.grad_accum}")
+            if st["num_processes"] != acc.num_processes:
+                raise ValueError(f"checkpoint {last} was written by {st['num_processes']} processes, "
+                                 f"this run has {acc.num_processes}")
+            if hooks.before_resume:
+                hooks.before_resume(st["step"], last, raw, optimizer)
+            acc.load_state(str(last))
+            start, pos, rows, eval_rows = st["step"], st["position"], st["history"], st["eval_history"]
+            rng_after_fetch = torch.load(last / f"trainer_rng_{acc.process_index}.pt", weights_only=False)
 
-    stream = _BatchStream(loader, **pos)
-    if rng_after_fetch is not None and start < cfg.steps:
-        stream.peek()  # re-create the data position first, then the RNG as it was after that fetch
-        _set_rng_state(rng_after_fetch)
+        stream = _BatchStream(loader, **pos)
+        if rng_after_fetch is not None and start < cfg.steps:
+            stream.peek()  # re-create the data position first, then the RNG as it was after that fetch
+            _set_rng_state(rng_after_fetch)
 
-    show = mprogress.enabled() if cfg.progress is None else cfg.progress
-    bar = mprogress.bar(total=cfg.steps, initial=start, desc=cfg.desc, unit="step",
-                        disable=not (show and acc.is_local_main_process))
-    model.train()
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    for step in range(start, cfg.steps):
-        f = lr_factor(step, cfg)
-        for g in optimizer.param_groups:
-            g["lr"] = g.setdefault("initial_lr", cfg.lr) * f
-        loss_sum, metric_sum = 0.0, {}
-        step1 = step + 1
-        # routers found anew at each logged step: a growing pool (MASS) replaces router parameters while training
-        routers = diagnostics.find_routers(raw) if _logged(step1, cfg) else {}
-        router_grad = {}
-        for micro in range(cfg.grad_accum):
-            batch = stream.next()
-            sync = micro == cfg.grad_accum - 1
-            ctx = acc.no_sync(model) if not sync else contextlib.nullcontext()
-            with ctx:
-                with acc.autocast():
-                    out = loss_fn(model, batch)
-                if not (isinstance(out, tuple) and len(out) == 2):
-                    raise ValueError("loss_fn must return (loss, metrics_dict)")
-                loss, metrics = out
-                if not (isinstance(loss, torch.Tensor) and loss.ndim == 0):
-                    raise ValueError(f"loss_fn's loss must be a scalar tensor, got {type(loss).__name__} "
-                                     f"{tuple(getattr(loss, 'shape', ()))}")
-                if not torch.isfinite(loss.detach()):
-                    raise ValueError(f"non-finite loss {loss.item()} at step {step + 1} (micro-batch {micro})")
-                if routers:
-                    _add_router_grads(router_grad, _task_loss(loss, metrics) / cfg.grad_accum, routers)
-                acc.backward(loss / cfg.grad_accum)  # ∇ (1/G) Σ_g L_g  over G micro-batches
-            loss_sum += float(loss.detach())
-            for k, v in _flat_metrics(metrics).items():
-                metric_sum[k] = metric_sum.get(k, 0.0) + v
-        if hooks.after_backward:
-            hooks.after_backward(step1, raw, optimizer)
-            params = [p for g in optimizer.param_groups for p in g["params"]]
-        # total gradient norm before clipping (max_norm=inf only measures: the scale factor is exactly 1)
-        grad_norm = float(acc.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm else float("inf")))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if hooks.after_step:
-            hooks.after_step(step1, raw)
+        show = mprogress.enabled() if cfg.progress is None else cfg.progress
+        bar = mprogress.bar(total=cfg.steps, initial=start, desc=cfg.desc, unit="step",
+                            disable=not (show and acc.is_local_main_process))
+        model.train()
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        for step in range(start, cfg.steps):
+            f = lr_factor(step, cfg)
+            for g in optimizer.param_groups:
+                g["lr"] = g.setdefault("initial_lr", cfg.lr) * f
+            loss_sum, metric_sum = 0.0, {}
+            step1 = step + 1
+            # routers found anew at each logged step: a growing pool (MASS) replaces router parameters while training
+            routers = diagnostics.find_routers(raw) if _logged(step1, cfg) else {}
+            router_grad = {}
+            for micro in range(cfg.grad_accum):
+                batch = stream.next()
+                sync = micro == cfg.grad_accum - 1
+                ctx = acc.no_sync(model) if not sync else contextlib.nullcontext()
+                with ctx:
+                    with acc.autocast():
+                        out = loss_fn(model, batch)
+                    if not (isinstance(out, tuple) and len(out) == 2):
+                        raise ValueError("loss_fn must return (loss, metrics_dict)")
+                    loss, metrics = out
+                    if not (isinstance(loss, torch.Tensor) and loss.ndim == 0):
+                        raise ValueError(f"loss_fn's loss must be a scalar tensor, got {type(loss).__name__} "
+                                         f"{tuple(getattr(loss, 'shape', ()))}")
+                    if not torch.isfinite(loss.detach()):
+                        raise ValueError(f"non-finite loss {loss.item()} at step {step + 1} (micro-batch {micro})")
+                    if routers:
+                        _add_router_grads(router_grad, _task_loss(loss, metrics) / cfg.grad_accum, routers)
+                    acc.backward(loss / cfg.grad_accum)  # ∇ (1/G) Σ_g L_g  over G micro-batches
+                loss_sum += float(loss.detach())
+                for k, v in _flat_metrics(metrics).items():
+                    metric_sum[k] = metric_sum.get(k, 0.0) + v
+            if hooks.after_backward:
+                hooks.after_backward(step1, raw, optimizer)
+                params = [p for g in optimizer.param_groups for p in g["params"]]
+            # total gradient norm before clipping (max_norm=inf only measures: the scale factor is exactly 1)
+            grad_norm = float(acc.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm else float("inf")))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if hooks.after_step:
+                hooks.after_step(step1, raw)
 
-        names = ["loss"] + list(metric_sum)
-        vals = _reduce_row(acc, names, [loss_sum / cfg.grad_accum] + [v / cfg.grad_accum for v in metric_sum.values()])
-        row = {"step": step1, **dict(zip(names, vals)), "lr": optimizer.param_groups[0]["lr"], "grad_norm": grad_norm,
-               "epoch": stream.epoch}
-        if routers:
-            norms = _reduce_router_grads(acc, router_grad)
-            row.update({"router_grad_norm": max(norms.values()), **{f"router_grad_norm/{k}": v for k, v in norms.items()}})
-        rows.append(row)
-        bar.update(1)
-        if cfg.log_every and (step1 % cfg.log_every == 0 or step1 == cfg.steps):
-            bar.set_postfix(loss=f"{row['loss']:.4g}")
+            names = ["loss"] + list(metric_sum)
+            vals = _reduce_row(acc, names, [loss_sum / cfg.grad_accum]
+                               + [v / cfg.grad_accum for v in metric_sum.values()])
+            row = {"step": step1, **dict(zip(names, vals)), "lr": optimizer.param_groups[0]["lr"],
+                   "grad_norm": grad_norm, "epoch": stream.epoch}
+            if routers:
+                norms = _reduce_router_grads(acc, router_grad)
+                row.update({"router_grad_norm": max(norms.values()),
+                            **{f"router_grad_norm/{k}": v for k, v in norms.items()}})
+            rows.append(row)
+            bar.update(1)
+            if cfg.log_every and (step1 % cfg.log_every == 0 or step1 == cfg.steps):
+                bar.set_postfix(loss=f"{row['loss']:.4g}")
 
-        if eval_fn is not None and ((cfg.eval_every and step1 % cfg.eval_every == 0) or step1 == cfg.steps):
-            m = _evaluate(eval_fn, model, raw)
-            eval_rows.append({"step": step1, **m})
-            if hooks.on_eval:
-                hooks.on_eval(step1, m)
+            if eval_fn is not None and ((cfg.eval_every and step1 % cfg.eval_every == 0) or step1 == cfg.steps):
+                m = _evaluate(eval_fn, model, raw)
+                eval_rows.append({"step": step1, **m})
+                if hooks.on_eval:
+                    hooks.on_eval(step1, m)
 
-        if ckpt_root is not None and cfg.ckpt_every and (step1 % cfg.ckpt_every == 0 or step1 == cfg.steps):
-            if step1 < cfg.steps:
-                stream.peek()  # RNG state is captured after the next fetch (see module docstring)
-            state = {"step": step1, "steps_total": cfg.steps, "grad_accum": cfg.grad_accum,
-                     "num_processes": acc.num_processes, "position": stream.position(), "history": rows,
-                     "eval_history": eval_rows, "rng": _rng_state()}
-            _save_checkpoint(acc, ckpt_root / f"step_{step1:07d}", state, hooks, raw, optimizer, cfg.keep_checkpoints)
-    bar.close()
-    acc.wait_for_everyone()
+            if ckpt_root is not None and cfg.ckpt_every and (step1 % cfg.ckpt_every == 0 or step1 == cfg.steps):
+                if step1 < cfg.steps:
+                    stream.peek()  # RNG state is captured after the next fetch (see module docstring)
+                state = {"step": step1, "steps_total": cfg.steps, "grad_accum": cfg.grad_accum,
+                         "num_processes": acc.num_processes, "position": stream.position(), "history": rows,
+                         "eval_history": eval_rows, "rng": _rng_state()}
+                _save_checkpoint(acc, ckpt_root / f"step_{step1:07d}", state, hooks, raw, optimizer,
+                                 cfg.keep_checkpoints)
+        bar.close()
+        acc.wait_for_everyone()
+    finally:  # also when a hook stops the run by raising (SBA phase (b)'s plateau rule)
+        _drop_autocast_wrapper(model, acc)
     model.eval()
     history = pd.DataFrame(rows)
     cols = [c for c in history.columns if c.startswith("router_grad_norm/")]
@@ -635,6 +662,21 @@ def train(
                          resumed_from=start, wall_s=time.perf_counter() - t0, optimizer=optimizer,
                          num_processes=acc.num_processes)
     return result
+
+
+def _drop_autocast_wrapper(model: nn.Module, acc) -> None:
+    """Put the model's own ``forward`` back after training. Under mixed precision (bf16 on CUDA) Accelerate's
+    ``prepare`` wraps ``forward`` in autocast for good; the trainer's steps run under ``acc.autocast()`` anyway, and the
+    returned model must compute in its own precision (evaluations after training in fp32, as on the CPU), nor stack a
+    second wrapper when trained again (issue 33)."""
+    for m in {id(x): x for x in (acc.unwrap_model(model), _unwrap(acc.unwrap_model(model)))}.values():
+        orig = m.__dict__.pop("_original_forward", None)
+        if orig is None:
+            continue
+        if getattr(orig, "__func__", None) is type(m).forward:
+            m.__dict__.pop("forward", None)     # the class's forward again
+        else:
+            m.forward = orig                    # a forward the caller had set on the instance
 
 
 def _logged(step1: int, cfg: TrainConfig) -> bool:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from .experts import check_input_dtype
+
 __all__ = ["moe_dispatch", "naive_dispatch", "sort_by_expert"]
 
 
@@ -62,9 +64,7 @@ def moe_dispatch(x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor |
     """
     E = experts.num_experts
     _check(x, indices, weights, E)
-    pdt = next((p.dtype for p in experts.parameters() if p.is_floating_point()), x.dtype)
-    if x.dtype != pdt:
-        raise ValueError(f"x dtype {x.dtype} != expert parameter dtype {pdt}")
+    check_input_dtype(x, next((p.dtype for p in experts.parameters() if p.is_floating_point()), x.dtype))
     T, k = indices.shape
     d = x.shape[1]
     order, counts, n, offs, eid = sort_by_expert(indices, E)

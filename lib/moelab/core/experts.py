@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["StackedExperts", "AdapterExperts", "grouped_linear", "ACTIVATIONS", "GATED",
-           "optimizer_replace_param", "optimizer_copy_rows"]
+           "optimizer_replace_param", "optimizer_copy_rows", "autocast_dtype", "check_input_dtype"]
 
 # act name -> elementwise function; gated acts take [.., 2f] = [gate | up] (Mixtral's gate_up_proj order)
 ACTIVATIONS = {
@@ -37,6 +37,27 @@ def apply_act(h: torch.Tensor, act: str) -> torch.Tensor:
         gate, up = h.chunk(2, dim=-1)
         return ACTIVATIONS[act](gate) * up                                  # SwiGLU: silu(x W_g) * (x W_u)
     return ACTIVATIONS[act](h)
+
+
+def autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+    """The autocast dtype in force for ``x``'s device (the trainer's bf16 on CUDA, ``moelab.train``), else None."""
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+
+
+def check_input_dtype(x: torch.Tensor, param_dtype: torch.dtype, what: str = "x") -> None:
+    """``x`` must have the parameters' dtype, except under autocast, where the expert matmuls run in the autocast
+    dtype whatever the input's (bf16 hidden states of an autocast FFN meeting fp32 adapters, issue 33)."""
+    if x.dtype != param_dtype and autocast_dtype(x) is None:
+        raise ValueError(f"{what} dtype {x.dtype} != expert parameter dtype {param_dtype}; cast the input or the "
+                         "module (.to(dtype)), or run under torch.autocast")
+
+
+def _autocast(*ts):
+    """Under autocast, the tensors in the autocast dtype (as ``F.linear`` casts its inputs): grouped_mm and the fused
+    per-expert FFN are not on autocast's list of ops, so they are cast here; without autocast, unchanged."""
+    dt = autocast_dtype(next(t for t in ts if t is not None))
+    return ts if dt is None else tuple(None if t is None else t.to(dt) for t in ts)
 
 
 class _ContiguousGrad(torch.autograd.Function):
@@ -282,11 +303,13 @@ class StackedExperts(nn.Module):
 
     def grouped_forward(self, xs: torch.Tensor, counts: list[int], offs: torch.Tensor | None = None,
                         expert_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """xs [S,d] sorted by expert (counts[e] rows each) -> expert outputs [S,d]."""
-        if _resolve_impl(self.impl, xs, self.w_in) == "fused":
-            return fused_expert_ffn(xs, self.w_in, self.w_out, self.b_in, self.b_out, counts, self.act)
-        h = grouped_linear(xs, self.w_in, counts, offs, self.b_in, self.impl, expert_ids)        # [S, f']
-        return grouped_linear(apply_act(h, self.act), self.w_out, counts, offs, self.b_out, self.impl, expert_ids)
+        """xs [S,d] sorted by expert (counts[e] rows each) -> expert outputs [S,d] (in the autocast dtype under
+        autocast)."""
+        xs, w_in, w_out, b_in, b_out = _autocast(xs, self.w_in, self.w_out, self.b_in, self.b_out)
+        if _resolve_impl(self.impl, xs, w_in) == "fused":
+            return fused_expert_ffn(xs, w_in, w_out, b_in, b_out, counts, self.act)
+        h = grouped_linear(xs, w_in, counts, offs, b_in, self.impl, expert_ids)                  # [S, f']
+        return grouped_linear(apply_act(h, self.act), w_out, counts, offs, b_out, self.impl, expert_ids)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """All experts on all tokens: x [T,d] -> [T,E,d] (soft merging / small pools)."""
@@ -371,11 +394,11 @@ class AdapterExperts(nn.Module):
 
     def grouped_forward(self, hs: torch.Tensor, counts: list[int], offs: torch.Tensor | None = None,
                         expert_ids: torch.Tensor | None = None) -> torch.Tensor:
-        if _resolve_impl(self.impl, hs, self.w_down) == "fused":
-            return hs + self.scale * fused_expert_ffn(self.dropout(hs), self.w_down, self.w_up, None, None, counts,
-                                                      self.act)
-        a = apply_act(grouped_linear(self.dropout(hs), self.w_down, counts, offs, None, self.impl), self.act)
-        return hs + self.scale * grouped_linear(a, self.w_up, counts, offs, None, self.impl)
+        xs, w_down, w_up = _autocast(self.dropout(hs), self.w_down, self.w_up)   # autocast dtype under autocast
+        if _resolve_impl(self.impl, xs, w_down) == "fused":
+            return hs + self.scale * fused_expert_ffn(xs, w_down, w_up, None, None, counts, self.act)
+        a = apply_act(grouped_linear(xs, w_down, counts, offs, None, self.impl), self.act)
+        return hs + self.scale * grouped_linear(a, w_up, counts, offs, None, self.impl)
 
     @torch.no_grad()
     def copy_expert(self, src: int, dst: int, optimizer=None, state: str = "copy") -> None:

@@ -12,7 +12,7 @@ from torch import nn
 from . import routing as R
 from .aggregation import METHODS, aggregate
 from .dispatch import moe_dispatch
-from .experts import StackedExperts, optimizer_copy_rows, optimizer_replace_param
+from .experts import StackedExperts, check_input_dtype, optimizer_copy_rows, optimizer_replace_param
 from .init import dense_ffn_spec, resolve_init
 from .losses import load_balancing_loss
 
@@ -144,9 +144,7 @@ class MoELayer(nn.Module):
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dim() not in (2, 3) or x.shape[-1] != self.d_model:
             raise ValueError(f"x must be [B,S,{self.d_model}] or [T,{self.d_model}], got {tuple(getattr(x, 'shape', ()))}")
-        pdt = self.router.weight.dtype
-        if x.dtype != pdt:
-            raise ValueError(f"x dtype {x.dtype} != layer parameter dtype {pdt}")
+        check_input_dtype(x, self.router.weight.dtype)                         # any dtype under autocast
         shape = x.shape
         x2 = x.reshape(-1, self.d_model)                                      # [T,d]
         mask = self._check_mask(attention_mask if attention_mask is not None else self.token_mask, shape)

@@ -201,7 +201,7 @@ def _carry_optimizer(state: dict):
 def train_variant(model, spec: MoCESpec, train_ex: list[dict], val_ex: list[dict], *, layers: Sequence[int],
                   steps: int, batch_size: int = 8, lr: float = 2e-4, seed: int = 0, eval_every: int = 10,
                   max_rounds: int = 1, warmup_frac: float = 0.05, init_state: dict | None = None,
-                  train_experts: bool = True, device: str = "cpu", patience: int | None = None,
+                  train_experts: bool = True, device: str = "auto", patience: int | None = None,
                   restore_best: bool = True) -> VariantResult:
     """Install ``spec`` in ``layers``, train only the adapters/routers with ``moelab.train.train`` (AdamW, lr 2e-4 as
     App. A) on cached hidden states, evaluating the validation loss every ``eval_every`` steps.
@@ -217,7 +217,8 @@ def train_variant(model, spec: MoCESpec, train_ex: list[dict], val_ex: list[dict
     With ``restore_best`` the model (and the returned ``state``) is the checkpoint of the lowest validation loss.
     ``init_state`` (a :func:`trainable_state`-style dict) overwrites the fresh layers' weights before training
     (BTX's merged experts); ``train_experts=False`` freezes the adapters so only the routers train; ``device``: the
-    trainer's device (``moelab.train.TrainConfig``).
+    trainer's device (``moelab.train.TrainConfig``: "auto" = the GPU with bf16 autocast when CUDA is available, else
+    the CPU).
     Returns a :class:`VariantResult` (the model keeps the trained layers installed).
     """
     if not train_ex or not val_ex:
@@ -300,7 +301,7 @@ def _load_state(model, state: dict, name: str) -> None:
 
 def train_btx(model, spec: MoCESpec, train_ex: list[dict], val_ex: list[dict], *, layers: Sequence[int], steps: int,
               batch_size: int = 8, lr: float = 2e-4, seed: int = 0, eval_every: int = 10, max_rounds: int = 1,
-              domains: Sequence[str] = BTX_DOMAINS, train_experts: bool = True, device: str = "cpu",
+              domains: Sequence[str] = BTX_DOMAINS, train_experts: bool = True, device: str = "auto",
               patience: int | None = None, restore_best: bool = True) -> VariantResult:
     """BTX (A), the baseline of MoCE Table 1 (§4.1; Branch-Train-miX, Sukhbaatar et al. 2024, §2 with adapters).
 
@@ -408,7 +409,7 @@ def train_runs(model, runs: list[dict], train_ex: list[dict], val_ex: list[dict]
             fit = train_btx if r["variant"] == "btx" else train_variant  # BTX: branch stage, then the same mix run
             res = fit(model, spec, tr, va, layers=layers, steps=cfg["steps"], batch_size=cfg["batch"],
                       lr=cfg["lr"], seed=r["seed"], eval_every=cfg["eval_every"], max_rounds=cfg["max_rounds"],
-                      device=cfg.get("device", "cpu"), **stopping)
+                      device=cfg.get("device", "auto"), **stopping)
             uninstall(model)
             return res
 
@@ -564,7 +565,7 @@ def evaluate_runs(model, tok, results: list[VariantResult | None], test_items: l
 RUN_DEFAULTS = dict(profile="smoke", model="smollm2", encoder="e5", k=None, ks=list(range(1, 7)), n_cluster=60,
                     n_train=48, n_val=12, n_top=2, max_len=96, rank=64, experts_per_group=2, steps=4, batch=4,
                     lr=2e-4, eval_every=1, max_rounds=1, patience=None, restore_best=True, seeds=[0],
-                    variants=["pesc", "moce"], extra=[], device="cpu")
+                    variants=["pesc", "moce"], extra=[], device="auto")
 
 
 def run_from_config(config: dict) -> pd.DataFrame:
@@ -576,7 +577,8 @@ def run_from_config(config: dict) -> pd.DataFrame:
     ``n_cluster`` / ``n_train`` / ``n_val`` (balanced per domain), ``n_top`` (adapted top blocks or "all"),
     ``max_len``, ``rank``, ``experts_per_group``, ``steps``, ``batch``, ``lr``, ``eval_every``, ``max_rounds``,
     ``patience`` and ``restore_best`` (early stopping, :func:`train_variant`), ``seeds``, ``variants`` and ``extra``
-    (as :func:`plan_runs`), ``device``. Trains every run (memoised like the
+    (as :func:`plan_runs`), ``device`` ("auto": CUDA with bf16 autocast when available, else the CPU; under
+    ``moelab.launch``'s CPU processes pass "cpu"). Trains every run (memoised like the
     notebook's) and returns the criterion table (steps, best step, stop reason, validation trend, parameter counts)
     with the clusters' k.
     """

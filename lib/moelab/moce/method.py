@@ -294,12 +294,23 @@ def aux_loss(model) -> torch.Tensor:
     return sum(m.aux_loss for m in layers)
 
 
+def _group_tensor(group_ids) -> torch.Tensor | None:
+    """Cluster ids as a long tensor [B]. A tensor keeps its device: a training batch's ``group_ids`` that Accelerate
+    moved to the GPU is never copied to the host (``np.asarray`` on it raised "can't convert cuda:0 device type tensor
+    to numpy", issue 33); lists and arrays become CPU tensors (the layer moves them to the tokens' device)."""
+    if group_ids is None:
+        return None
+    if isinstance(group_ids, torch.Tensor):
+        return group_ids.detach().long().view(-1)
+    return torch.as_tensor(np.asarray(group_ids)).long().view(-1)
+
+
 @contextlib.contextmanager
 def group_context(model, group_ids, token_mask=None):
     """Set the sequences' cluster ids (stage 1 of MoCE's routing, §3.3) on every MoCE layer for the enclosed forward
     passes: ``group_ids [B]`` int, one per sequence of the batch; ``token_mask [B,S]`` optional (balancing loss)."""
     layers = moce_layers(model)
-    gid = None if group_ids is None else torch.as_tensor(np.asarray(group_ids)).long().view(-1)
+    gid = _group_tensor(group_ids)
     old = [(m.group_ids, m.token_mask) for m in layers]
     for m in layers:
         m.group_ids, m.token_mask = gid, token_mask
@@ -312,7 +323,7 @@ def group_context(model, group_ids, token_mask=None):
 
 def set_group_ids(model, group_ids) -> None:
     """Set the sequence cluster ids on every MoCE layer until changed (a plain per-request hook uses this)."""
-    gid = None if group_ids is None else torch.as_tensor(np.asarray(group_ids)).long().view(-1)
+    gid = _group_tensor(group_ids)
     for m in moce_layers(model):
         m.group_ids, m.token_mask = gid, None
 
