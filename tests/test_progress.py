@@ -51,6 +51,20 @@ def test_bar_writes_time_left_and_nothing_when_off(monkeypatch, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_logged_bars_are_plain_lines(monkeypatch, capsys):
+    """Issue 37: a bar written to a log (the runner's ``log`` mode when its stderr is not a terminal, or ``auto`` in a
+    script whose stderr is a file) carries no escape codes and no carriage returns, nested bars included."""
+    monkeypatch.setenv(progress.ENV, "log")
+    for _ in progress.bar(range(3), desc="outer", mininterval=0):
+        for _ in progress.bar(range(2), desc="inner", mininterval=0):
+            pass
+    err = capsys.readouterr().err
+    assert "outer" in err and "inner" in err and BAR.search(err)
+    assert "\x1b" not in err and "\r" not in err and "" not in err.splitlines()
+    monkeypatch.setenv(progress.ENV, "1")     # auto, stderr captured (not a terminal), not in a kernel
+    assert progress.mode() == "log"
+
+
 def _tiny_run(progress_arg=None):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 2))

@@ -71,7 +71,10 @@ class CorruptCacheEntry(RuntimeError):
 
     def __init__(self, path: Path, problems: list[str], command: str = ""):
         self.path, self.problems = Path(path), list(problems)
-        todo = f"delete it (rm -rf {path})" + (f" and run: {command}" if command else " and run again")
+        # raised only where the entry cannot be invalidated in place (a read-only cache): deleting it is not possible
+        # either, so the fix is another, writable cache that rebuilds the entry
+        todo = (f"this cache cannot be written, so the entry cannot be rebuilt in place: {WRITABLE_HINT} and run "
+                + (command if command else "again") + " (the owner of a writable copy may instead delete the entry)")
         super().__init__(f"cache entry {path} is corrupt ({'; '.join(problems)}); {todo}")
 
 
@@ -322,7 +325,8 @@ def entry_problems(path: Path, hashes: bool = False) -> list[str]:
 
 def invalidate(path: Path, problems: list[str], command: str = "") -> None:
     """Mark a corrupt entry as unfinished (its marker removed) so the next build replaces it; where the cache cannot
-    be written, raise :class:`CorruptCacheEntry` naming the folder to delete and the command to run."""
+    be written, raise :class:`CorruptCacheEntry` saying to point ``MOELAB_CACHE`` at a writable folder and which
+    command to run."""
     try:
         (Path(path) / MARKER).unlink(missing_ok=True)
     except OSError as e:

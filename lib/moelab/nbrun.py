@@ -149,16 +149,29 @@ def publish_dir(staging: Path, final: Path, profile: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+# Tracked files that runs and reports write (never sources of a run's numbers): a change there does not make a
+# commit "+dirty". The README's results table and docs/RESULTS.md are regenerated after a publishing run,
+# docs/verdict-changes.md is appended to by every publishing run (so the second notebook of a series saw the first's
+# entry: issue 37), docs/verify/ is written by `make verify`, docs/timings.md by `moelab.notebooks timings`.
+GENERATED_OUTPUTS = ("figures", "README.md", "docs/RESULTS.md", "docs/verdict-changes.md", "docs/verify",
+                     "docs/timings.md")
+
+
+def dirty_sources() -> list[str]:
+    """Tracked files that differ from HEAD, outside :data:`GENERATED_OUTPUTS` (``git status --porcelain`` lines)."""
+    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "."]
+                         + [f":(exclude){p}" for p in GENERATED_OUTPUTS], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=10).stdout
+    return [line for line in out.splitlines() if line.strip()]
+
+
 def git_commit() -> str:
-    """HEAD, with ``+dirty`` when tracked sources differ from it. Generated outputs (``figures/``, the README's
-    results table) do not count: a rerun over committed figures is otherwise always dirty."""
+    """HEAD, with ``+dirty`` when tracked sources differ from it. Generated outputs (:data:`GENERATED_OUTPUTS`) do not
+    count: a rerun over committed figures is otherwise always dirty."""
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
                              timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                ":(exclude)figures", ":(exclude)README.md"], cwd=REPO_ROOT,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return (sha or "unknown") + ("+dirty" if dirty else "")
+        return (sha or "unknown") + ("+dirty" if dirty_sources() else "")
     except Exception:
         return "unknown"
 
@@ -237,6 +250,31 @@ def source_hashes(notebook: str) -> dict:
     return out
 
 
+# Set by the runner (moelab.notebooks) for its kernels: the ``-p`` values it passed (JSON), the runner's pid (a
+# published run's staging folder is handed to it at finish(), so that it publishes the folder together with the
+# executed notebook's Markdown), and whether savefig shows a link to the saved PNG (the executed notebook's Markdown
+# then shows each figure from the file the helper wrote).
+PARAMS_ENV, OWNER_ENV, FIGURE_LINKS_ENV = "MOELAB_PARAMS", "MOELAB_PUBLISH_OWNER", "MOELAB_FIGURE_LINKS"
+
+
+def runner_params() -> dict | None:
+    """The ``-p`` parameters the runner passed to this kernel (``{}`` for none), or None outside the runner (a run
+    started in JupyterLab: its parameters are whatever the cell said, so the runner never counts it as current)."""
+    raw = os.environ.get(PARAMS_ENV)
+    return None if raw is None else json.loads(raw)
+
+
+def staging_dir(final: Path, pid: int) -> Path:
+    """The hidden staging folder of process ``pid`` for published folder ``final``."""
+    return final.parent / f".{final.name}.staging-{pid}"
+
+
+def claims_for_reader(claims):
+    """The columns of a claims frame (``run.finish()``) a reader needs: the claim, the paper's reference and number,
+    ours with its 95% interval, and the verdict (issue 37: the full record has 25 columns)."""
+    return claims[["claim", "paper_ref", "paper_value", "ours", "ci_low", "ci_high", "verdict"]]
+
+
 class NotebookRun:
     """Seeds, output directory, figure/table helpers, claims and provenance for one notebook execution."""
 
@@ -251,7 +289,7 @@ class NotebookRun:
         self.final_dir = output_dir(notebook, profile, self.publish)
         if self.publish:   # write into a staging folder; finish() swaps it in
             recover_published(self.final_dir, profile)
-            self.out_dir = self.final_dir.parent / f".{self.final_dir.name}.staging-{os.getpid()}"
+            self.out_dir = staging_dir(self.final_dir, os.getpid())
         else:              # scratch: start from an empty folder so no earlier output mixes in
             self.out_dir = self.final_dir
             shutil.rmtree(self.out_dir, ignore_errors=True)
@@ -269,7 +307,7 @@ class NotebookRun:
                 "commit": git_commit(), "commit_at_start": self.commit_at_start, "packages": package_versions(),
                 "hardware": hardware(),
                 "wall_time_s": round(time.time() - self.t0, 1), "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-                **self._extra}
+                "params": runner_params(), **self._extra}
 
     def note(self, **info):
         """Record extra provenance (e.g. steps each variant got, model names) in provenance.json."""
@@ -312,6 +350,10 @@ class NotebookRun:
         fig.savefig(png, dpi=dpi, bbox_inches="tight", metadata={"Software": f"moelab {self.notebook} {self.profile}"})
         fig.savefig(pdf, bbox_inches="tight")
         self._record("figure", fig_id, slug, [png, pdf], caption)
+        if os.environ.get(FIGURE_LINKS_ENV) == "1":   # the runner's kernel: the figure in the executed notebook
+            from IPython.display import Markdown, display   # only under the runner, which runs an IPython kernel
+
+            display(Markdown(f"![{fig_id} {slug}: {caption}]({png.name})"))
         return png
 
     def save_table(self, df, table_id: str, slug: str, caption: str = "", index: bool = False):
@@ -344,6 +386,16 @@ class NotebookRun:
         if self.publish and previous.exists():   # lets rebuild log verdict changes against the published file
             shutil.copyfile(previous, self.out_dir / "claims.json")
         records = claims_rebuild(self.out_dir)
+        owner = int(os.environ.get(OWNER_ENV) or 0)
+        if self.publish and owner and owner != os.getpid():
+            # under the runner: hand the staging folder to it (renamed after its pid); it adds the executed notebook's
+            # Markdown and publishes the folder once the notebook has finished (moelab.notebooks.run_one)
+            handed = staging_dir(self.final_dir, owner)
+            shutil.rmtree(handed, ignore_errors=True)
+            os.replace(self.out_dir, handed)
+            self.out_dir = handed
+            self.finished = True
+            return claims_frame(records)
         if self.publish:
             publish_dir(self.out_dir, self.final_dir, self.profile)
             self.out_dir = self.final_dir

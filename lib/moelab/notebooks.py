@@ -5,6 +5,8 @@
     python -m moelab.notebooks list
     python -m moelab.notebooks stale          # committed figures whose sources changed since they were produced
     python -m moelab.notebooks readme         # regenerate README's results table from the claims files
+    python -m moelab.notebooks notebook-md figures/03_cluster_upcycling   # rewrite its notebook.md
+    python -m moelab.notebooks timings        # regenerate docs/timings.md from the committed provenance files
 
 Notebooks are jupytext percent ``.py`` sources in ``notebooks/``; each run converts one to ``.ipynb``, executes it with
 papermill on this interpreter's kernel (the venv's), with ``PROFILE`` and ``SEED`` injected, and stores the executed
@@ -14,8 +16,15 @@ notebook finishes: see :mod:`moelab.nbrun`) unless ``--scratch`` or the profile 
 
     python -m moelab.notebooks run --profile paper --only 05 -p MODEL_PATH=/models/Llama-2-7b-chat-hf
 
-A series resumes: a notebook whose last run in this profile finished and whose source and imported moelab modules are
-unchanged (content hashes in its ``provenance.json``) is skipped unless ``--force`` (or ``-p`` is given).
+``-p`` names must be parameters of the notebook (its ``parameters`` cell); an unknown name exits 2 naming them. With
+several notebooks, each gets the parameters its cell declares. ``make figures P="A=1 B={'x': 2}"`` passes ``P`` whole
+(``--params``), split before each ``NAME=``.
+
+A series resumes: a notebook whose last run in this profile finished, with the same seed and ``-p`` values, and whose
+source and imported moelab modules are unchanged (content hashes in its ``provenance.json``) is skipped unless
+``--force``. Every run also writes the executed notebook as ``notebook.md`` into its output folder (published with the
+figures: :mod:`moelab.nbmd`); ``notebook-md FOLDER`` rewrites it from the kept executed notebook, and ``timings``
+regenerates ``docs/timings.md`` from the committed ``provenance.json`` files.
 """
 from __future__ import annotations
 
@@ -33,8 +42,11 @@ from pathlib import Path
 from moelab.cache import cache_root
 from moelab.claims import rebuild as claims_rebuild
 from moelab.claims import scorecard_markdown
-from moelab.nbrun import (REPO_ROOT, VERDICT_CODE, figures_root, git_commit, output_dir, recover_published,
-                          source_id)
+from moelab.claims.scorecard import results_markdown
+from moelab.nbmd import MD_NAME, write_notebook_md
+from moelab.nbrun import (FIGURE_LINKS_ENV, OWNER_ENV, PARAMS_ENV, REPO_ROOT, VERDICT_CODE, dirty_sources,
+                          figures_root, git_commit, output_dir, publish_dir, recover_published, source_id, staging_dir,
+                          write_index)
 from moelab.profiles import PROFILES, check_profile
 
 NB_DIR = REPO_ROOT / "notebooks"
@@ -84,6 +96,61 @@ def to_ipynb(src: Path, dest: Path) -> Path:
 RESERVED = {"PROFILE": "--profile", "SEED": "--seed"}
 
 
+def notebook_parameters(src: Path) -> list[str]:
+    """The names assigned in the notebook's cell tagged ``parameters`` (what ``-p`` may set)."""
+    import jupytext
+
+    names = []
+    for cell in jupytext.read(src).cells:
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            for node in ast.parse(cell.source).body:
+                targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+                names += [t.id for t in targets if isinstance(t, ast.Name)]
+    return names
+
+
+def params_for(nbs: list[Path], params: dict) -> dict[str, dict]:
+    """Each notebook's share of ``params`` (the names its parameters cell declares); a name no selected notebook
+    declares raises ValueError naming every notebook's parameters."""
+    declared = {src.stem: notebook_parameters(src) for src in nbs}
+    unknown = sorted(n for n in params if not any(n in names for names in declared.values()))
+    if unknown:
+        known = "; ".join(f"{nb}: {', '.join(n for n in names if n not in RESERVED) or '(none besides PROFILE, SEED)'}"
+                          for nb, names in declared.items())
+        raise ValueError(f"unknown notebook parameter(s) {', '.join(unknown)} (-p sets a name of the notebook's "
+                         f"parameters cell; PROFILE and SEED have --profile and --seed). Parameters: {known}")
+    return {nb: {k: v for k, v in params.items() if k in names} for nb, names in declared.items()}
+
+
+def split_params(text: str) -> list[str]:
+    """``make figures P="A=1 B={'x': 1, 'y': 2}"``: the string split before each ``NAME=`` (so a value may hold
+    spaces and quotes) -> ``["A=1", "B={'x': 1, 'y': 2}"]``."""
+    text = (text or "").strip()
+    return [part.strip() for part in re.split(r"\s+(?=[A-Za-z_]\w*=)", text)] if text else []
+
+
+def _canonical(params) -> str:
+    return json.dumps(params, sort_keys=True, default=str)
+
+
+def run_current(prov_path: Path, seed: int, params: dict) -> tuple[bool, list[str]]:
+    """Whether the run recorded in ``provenance.json`` is current for this request: unchanged sources
+    (:func:`sources_current`), the same seed and the same ``-p`` values (provenance without ``params``, from before
+    they were recorded, counts as none). A run from JupyterLab records ``params: null`` and is never current."""
+    current, why = sources_current(prov_path)
+    if not prov_path.exists():
+        return current, why
+    prov = json.loads(prov_path.read_text())
+    if prov.get("seed") != seed:
+        why.append(f"seed {prov.get('seed')} (recorded) != {seed}")
+    recorded = prov.get("params", {})
+    if recorded is None:
+        why.append("run outside the runner (parameters unknown)")
+    elif _canonical(recorded) != _canonical(json.loads(_canonical(params))):
+        why.append(f"parameters {recorded} (recorded) != {params}")
+    return not why, why
+
+
 def parse_params(items) -> dict:
     """``["MODEL_PATH=/m", "STEPS=50"]`` -> ``{"MODEL_PATH": "/m", "STEPS": 50}`` (values read as Python literals when
     they are one, else kept as strings), as papermill's ``-p NAME VALUE``."""
@@ -125,24 +192,42 @@ def run_one(src: Path, profile: str, seed: int = 0, progress: bool = True, timeo
     kernel's output (progress bars included) is forwarded to this terminal."""
     import papermill as pm
 
+    from traitlets.config import Config
+
     out_dir = RUNS / profile
     inp = to_ipynb(src, out_dir / f"{src.stem}.input.ipynb")
     out = out_dir / f"{src.stem}.ipynb"
     work = out_dir / "work"
     work.mkdir(parents=True, exist_ok=True)
     publish = publish and profile != "smoke"
+    final = output_dir(src.stem, profile, publish)
     t0 = time.time()
-    # with progress, the kernel's stdout/stderr (moelab's text progress bars: MOELAB_PROGRESS=text) are forwarded to
-    # this terminal; papermill's own per-cell bar is off so the two do not overwrite each other
+    # with progress, the kernel's stdout/stderr (moelab's progress bars) are forwarded to this terminal: redrawn bars
+    # on a terminal, plain lines in a log; papermill's own per-cell bar is off so the two do not overwrite each other
     stream = dict(stdout_file=sys.stdout, stderr_file=sys.stderr) if progress else {}
-    with _env(MOELAB_PUBLISH=int(publish), MOELAB_PROGRESS="text" if progress else "0"):
+    bars = ("text" if sys.stderr.isatty() else "log") if progress else "0"
+    # the kernel listens on local sockets (IPC), not TCP: nothing to encrypt, and no "running over TCP without
+    # encryption" warning on every run
+    kernel_config = Config({"KernelManager": {"transport": "ipc"}})
+    env = {"MOELAB_PUBLISH": int(publish), "MOELAB_PROGRESS": bars, PARAMS_ENV: json.dumps(params or {}, default=str),
+           OWNER_ENV: os.getpid(), FIGURE_LINKS_ENV: 1}
+    with _env(**env):
         try:
             pm.execute_notebook(str(inp), str(out), parameters={"PROFILE": profile, "SEED": seed, **(params or {})},
                                 kernel_name="python3", progress_bar=False, cwd=str(work),
-                                execution_timeout=timeout, **stream)
+                                execution_timeout=timeout, config=kernel_config, **stream)
+            if publish:   # finish() handed its staging folder over: add the Markdown, then swap it in
+                staged = staging_dir(final, os.getpid())
+                if not staged.is_dir():
+                    raise RuntimeError(f"{src.stem} finished without run.finish() handing over {staged}")
+                write_notebook_md(out, staged)
+                publish_dir(staged, final, profile)
+                write_index(figures_root())
+            elif final.is_dir():
+                write_notebook_md(out, final)
         finally:
             if publish:   # a failed run leaves its staging folder behind: remove it, keep the published one
-                recover_published(output_dir(src.stem, profile, True), profile)
+                recover_published(final, profile)
     return time.time() - t0
 
 
@@ -153,21 +238,30 @@ def cmd_run(a) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("MPLBACKEND", "Agg")
-    params = parse_params(a.param)
+    params = parse_params(a.param + [p for text in a.params for p in split_params(text)])
     publish = not a.scratch and a.profile != "smoke"
     nbs = discover(a.only)
     if not nbs:
         print("no notebooks found in notebooks/")
         return 0
+    per_nb = params_for(nbs, params)
     where = "publishing into figures/" if publish else f"scratch outputs in {output_dir('NN', a.profile, False).parent}"
     print(f"profile {a.profile}: {where}" + (f"; parameters {params}" if params else ""), flush=True)
+    dirty = dirty_sources() if publish else []
+    if dirty:
+        print("WARNING " + "!" * 60 + f"\nWARNING: publishing from a working tree whose sources differ from the commit "
+              f"({len(dirty)} file(s)): the provenance of these figures will say {git_commit()}.\nWARNING: commit "
+              f"first for a reproducible record. Changed: {', '.join(d[3:] for d in dirty[:8])}"
+              f"{' ...' if len(dirty) > 8 else ''}\nWARNING " + "!" * 60, file=sys.stderr, flush=True)
     results, failed = [], []
     for i, src in enumerate(nbs, 1):
-        prov = output_dir(src.stem, a.profile, publish) / "provenance.json"
-        current, _ = sources_current(prov)
-        if current and not a.force and not params:
+        folder = output_dir(src.stem, a.profile, publish)
+        if publish:   # a killed earlier run's staging folder goes now, whether this one runs or is skipped
+            recover_published(folder, a.profile)
+        current, _ = run_current(folder / "provenance.json", a.seed, per_nb[src.stem])
+        if current and not a.force:
             if publish:   # the claim definitions may have changed since: recompute from the saved tables
-                claims_rebuild(prov.parent)
+                claims_rebuild(folder)
             print(f"[{i}/{len(nbs)}] {src.stem}: up to date for profile {a.profile} (skip; --force reruns; claims "
                   f"recomputed from the saved tables)", flush=True)
             results.append((src.stem, "skipped", 0.0))
@@ -176,7 +270,7 @@ def cmd_run(a) -> int:
         t0 = time.time()
         try:
             wall = run_one(src, a.profile, seed=a.seed, progress=not a.no_progress, timeout=a.cell_timeout,
-                           publish=publish, params=params)
+                           publish=publish, params=per_nb[src.stem])
             results.append((src.stem, "ok", wall))
             print(f"[{i}/{len(nbs)}] {src.stem}: ok in {wall:.0f} s", flush=True)
         except Exception as e:  # noqa: BLE001 - report every failure, then exit non-zero
@@ -193,6 +287,8 @@ def cmd_run(a) -> int:
     print(f"executed notebooks: {RUNS / a.profile}")
     if publish and not failed:
         write_readme_results()
+    if publish and any(st == "ok" for _, st, _ in results):
+        write_timings()
     return 1 if failed else 0
 
 
@@ -201,8 +297,12 @@ def stale_report(root: Path | None = None) -> list[tuple[str, list[str]]]:
     root = root or figures_root()
     out = []
     for prov in sorted(root.glob("**/provenance.json")):
+        if any(part.startswith(".") for part in prov.relative_to(root).parts):   # staging / old folders
+            continue
         current, changed = sources_current(prov)
-        if not current:
+        if not (prov.parent / MD_NAME).exists():
+            changed.append(f"({MD_NAME} missing)")
+        if changed:
             out.append((str(prov.parent.relative_to(root)), changed))
     return out
 
@@ -220,7 +320,8 @@ def cmd_stale(a) -> int:
 
 
 def results_table() -> str:
-    """The README's scorecard: verdict counts per notebook, then one row per claim (see docs/CLAIMS.md)."""
+    """The README's results block: counts by label per notebook and profile, pointing to docs/RESULTS.md (see
+    docs/CLAIMS.md)."""
     return scorecard_markdown(figures_root())
 
 
@@ -228,7 +329,8 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
 def write_readme_results(readme: Path | None = None) -> bool:
-    """Rewrite the results table between the README's markers from the claims files under ``figures_root()``.
+    """Rewrite the results block between the README's markers from the claims files under ``figures_root()``, and
+    ``docs/RESULTS.md`` beside the README (the full per-claim tables, grouped per paper).
     The README is the one beside that figures folder (the repository's by default): a run that publishes into
     ``$MOELAB_FIGURES`` elsewhere (tests, a user's scratch copy) never rewrites the repository's README."""
     readme = Path(readme) if readme is not None else figures_root().parent / "README.md"
@@ -240,6 +342,9 @@ def write_readme_results(readme: Path | None = None) -> bool:
     new = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END),
                  lambda m: f"{BEGIN}\n{results_table()}\n{END}", text, flags=re.S)
     readme.write_text(new)
+    docs = readme.parent / "docs"
+    if docs.is_dir():   # the full per-claim tables beside the README (issue 32)
+        (docs / "RESULTS.md").write_text(results_markdown(figures_root()))
     return True
 
 
@@ -316,6 +421,33 @@ def verify_report(nb: str, profile: str, rows: list[dict], commit: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _verify_substance(text: str) -> list:
+    """What a verify report says, without what changes on every run: the commit, and the fresh number of a claim that
+    agrees (its verdict is the same and the number lies in the committed interval)."""
+    rows = []
+    for line in text.splitlines():
+        if line.startswith("Cold rerun"):
+            rows.append(re.sub(r"at commit \S+", "", line))
+        elif line.startswith("| ") and not line.startswith("| claim |"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if len(cells) == 6 and cells[5] == "ok":
+                cells[4] = ""
+            rows.append(cells)
+        elif line.strip() and not line.startswith("|---"):
+            rows.append(line)
+    return rows
+
+
+def write_verify_report(path: Path, report: str, force: bool = False) -> bool:
+    """Write ``report`` to ``path`` only when asked (``force``) or when it differs in substance from the file there
+    (issue 37: a passing ``make verify`` left a tracked file changed); returns whether it wrote."""
+    if not force and path.exists() and _verify_substance(path.read_text()) == _verify_substance(report):
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(report)
+    return True
+
+
 def cmd_verify(a) -> int:
     """Rerun notebooks cold into the scratch folder and compare their claims with the committed ones."""
     check_profile(a.profile)
@@ -344,14 +476,91 @@ def cmd_verify(a) -> int:
             fresh = json.loads(fresh_path.read_text())
         rows = compare_claims(json.loads(committed_path.read_text()), fresh)
         report = verify_report(src.stem, a.profile, rows, git_commit())
-        VERIFY_DOCS.mkdir(parents=True, exist_ok=True)
         suffix = "" if a.profile == "default" else f"-{a.profile}"
-        (VERIFY_DOCS / f"{src.stem}{suffix}.md").write_text(report)
+        wrote = write_verify_report(VERIFY_DOCS / f"{src.stem}{suffix}.md", report, force=a.write_report)
         print(report, flush=True)
-        print(f"{src.stem}: cold rerun {wall:.0f} s; report in docs/verify/{src.stem}{suffix}.md", flush=True)
+        print(f"{src.stem}: cold rerun {wall:.0f} s; report docs/verify/{src.stem}{suffix}.md "
+              + ("written" if wrote else "unchanged in substance (not rewritten; --write-report writes it)"),
+              flush=True)
         if any(r["status"] != "ok" for r in rows):
             status = 1
     return status
+
+
+def cmd_notebook_md(a) -> int:
+    """Rewrite ``<folder>/notebook.md`` from the executed notebook the runner kept (``runs/<profile>/<nb>.ipynb``),
+    after checking that it is the run the folder holds (same profile and seed)."""
+    folder = Path(a.folder).resolve()
+    prov_path = folder / "provenance.json"
+    if not prov_path.exists():
+        raise ValueError(f"{folder} has no provenance.json: give a run's output folder, "
+                         f"e.g. figures/03_cluster_upcycling")
+    prov = json.loads(prov_path.read_text())
+    ipynb = Path(a.ipynb) if a.ipynb else RUNS / prov["profile"] / f"{prov['notebook']}.ipynb"
+    if not ipynb.exists():
+        raise ValueError(f"no executed notebook at {ipynb}: rerun the notebook (make figures NB=..) or pass --ipynb")
+    import nbformat
+
+    used = nbformat.read(str(ipynb), as_version=4).metadata.get("papermill", {}).get("parameters", {})
+    if not a.ipynb and (used.get("PROFILE"), used.get("SEED")) != (prov["profile"], prov["seed"]):
+        raise ValueError(f"{ipynb} ran PROFILE={used.get('PROFILE')!r} SEED={used.get('SEED')!r}, but {folder} holds "
+                         f"profile {prov['profile']!r} seed {prov['seed']}: pass --ipynb to use it anyway")
+    print(f"wrote {write_notebook_md(ipynb, folder)}")
+    return 0
+
+
+# ---------------------------------------------------------------- docs/timings.md (issue 37, item 1)
+TIMINGS_DOC = REPO_ROOT / "docs" / "timings.md"
+
+
+def timing_rows(root: Path | None = None) -> list[dict]:
+    """One row per committed ``provenance.json`` under the figures root: notebook, profile, wall time, commit,
+    finished, machine and threads, in notebook then profile order."""
+    root = root or figures_root()
+    rows = []
+    order = {p: i for i, p in enumerate(PROFILES)}
+    for path in root.glob("*/**/provenance.json"):
+        if any(part.startswith(".") for part in path.relative_to(root).parts):
+            continue
+        prov = json.loads(path.read_text())
+        hw = prov.get("hardware", {})
+        rows.append({"notebook": prov["notebook"], "profile": prov["profile"], "wall_time_s": prov.get("wall_time_s"),
+                     "commit": str(prov.get("commit", ""))[:12] + ("+dirty" if "+dirty" in str(prov.get("commit"))
+                                                                    else ""),
+                     "finished": prov.get("finished", ""),
+                     "machine": f"{hw.get('machine', '?')}, {hw.get('cpu_count', '?')} CPUs"
+                                + (f", {', '.join(hw['cuda'])}" if hw.get("cuda") else ""),
+                     "threads": hw.get("torch_threads"), "folder": str(path.parent.relative_to(root))})
+    return sorted(rows, key=lambda r: (r["notebook"], order.get(r["profile"], 9)))
+
+
+def timings_markdown(root: Path | None = None) -> str:
+    rows = timing_rows(root)
+    lines = ["# Timings", "",
+             "Generated by `python -m moelab.notebooks timings` from the committed `figures/**/provenance.json` files; "
+             "do not edit by hand. Wall time is the whole notebook run as its `provenance.json` records it; the "
+             "machine and the torch threads are the run's own.", "",
+             "| notebook | profile | wall time (s) | wall time | commit | finished | machine | torch threads |",
+             "|---|---|---:|---:|---|---|---|---:|"]
+    for r in rows:
+        w = r["wall_time_s"]
+        human = "" if w is None else f"{int(w // 60)} min {int(w % 60):02d} s" if w >= 60 else f"{w:.0f} s"
+        lines.append(f"| [{r['notebook']}](../figures/{r['folder']}/) | {r['profile']} | {w} | {human} | {r['commit']} "
+                     f"| {r['finished']} | {r['machine']} | {r['threads']} |")
+    total = sum(r["wall_time_s"] or 0 for r in rows if r["profile"] == "default")
+    lines += ["", f"Total of the `default` rows: {total:.0f} s ({total / 60:.1f} min)."]
+    return "\n".join(lines) + "\n"
+
+
+def write_timings(doc: Path | None = None) -> Path | None:
+    """Regenerate the timing table from the provenance files under ``figures_root()``, into the ``docs/timings.md``
+    beside that figures folder (the repository's by default; a run publishing into ``$MOELAB_FIGURES`` elsewhere
+    writes none, as :func:`write_readme_results`). Returns the path written, or None."""
+    doc = Path(doc) if doc is not None else figures_root().parent / "docs" / "timings.md"
+    if not doc.parent.is_dir():
+        return None
+    doc.write_text(timings_markdown())
+    return doc
 
 
 def main(argv=None) -> int:
@@ -362,6 +571,8 @@ def main(argv=None) -> int:
     r.add_argument("--only", nargs="+", metavar="NB", help="notebook numbers or names (e.g. 03 04_mass)")
     r.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
                    help="a notebook parameter (repeatable), e.g. -p MODEL_PATH=/models/llama")
+    r.add_argument("--params", action="append", default=[], metavar="'NAME=VALUE ...'",
+                   help="several parameters in one string, split before each NAME= (make figures P=...)")
     r.add_argument("--scratch", action="store_true",
                    help="write outputs to the scratch folder (runs/scratch) instead of publishing into figures/")
     r.add_argument("--seed", type=int, default=0)
@@ -374,22 +585,34 @@ def main(argv=None) -> int:
     v.add_argument("--only", nargs="+", metavar="NB", help="notebook numbers or names (e.g. 00)")
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--no-progress", action="store_true")
+    v.add_argument("--write-report", action="store_true",
+                   help="write docs/verify/<nb>.md even when it says the same as the file there")
     sub.add_parser("list")
     sub.add_parser("stale")
     sub.add_parser("readme")
+    m = sub.add_parser("notebook-md", help="rewrite FOLDER/notebook.md from the kept executed notebook")
+    m.add_argument("folder", help="a run's output folder, e.g. figures/03_cluster_upcycling or its full/")
+    m.add_argument("--ipynb", help="the executed notebook (default: runs/<profile>/<nb>.ipynb)")
+    t = sub.add_parser("timings", help="regenerate docs/timings.md from the committed provenance.json files")
+    t.add_argument("--check", action="store_true", help="exit 1 if docs/timings.md is not what it would be")
     a = ap.parse_args(argv)
-    if a.cmd == "run":
+    commands = {"run": cmd_run, "verify": cmd_verify, "notebook-md": cmd_notebook_md}
+    if a.cmd in commands:
         try:
-            return cmd_run(a)
+            return commands[a.cmd](a)
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-    if a.cmd == "verify":
-        try:
-            return cmd_verify(a)
-        except ValueError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+    if a.cmd == "timings":
+        text = timings_markdown()
+        if a.check:
+            ok = TIMINGS_DOC.exists() and TIMINGS_DOC.read_text() == text
+            print("docs/timings.md is current" if ok
+                  else "docs/timings.md differs: run python -m moelab.notebooks timings")
+            return 0 if ok else 1
+        write_timings(TIMINGS_DOC)
+        print(f"wrote {TIMINGS_DOC.relative_to(REPO_ROOT)} ({len(timing_rows())} runs)")
+        return 0
     if a.cmd == "list":
         for p in discover():
             print(p.stem)
@@ -397,7 +620,7 @@ def main(argv=None) -> int:
     if a.cmd == "stale":
         return cmd_stale(a)
     if a.cmd == "readme":
-        print("README updated" if write_readme_results() else "README has no results markers")
+        print("README and docs/RESULTS.md updated" if write_readme_results() else "README has no results markers")
         return 0
     return 2
 

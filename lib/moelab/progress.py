@@ -14,6 +14,9 @@ Where the bar goes is set by the environment variable ``MOELAB_PROGRESS``:
 * ``text``: a text bar on stderr even inside a Jupyter kernel (the notebook runner sets it: papermill forwards the
   kernel's stderr to the runner's terminal, where a widget would show nothing), redrawn at most every
   :data:`TEXT_MININTERVAL_S` seconds so that the executed notebook's stored output stays small;
+* ``log``: plain lines, no carriage returns or terminal escape codes (a log file): one line per update, at most every
+  :data:`LOG_MININTERVAL_S` seconds. The runner sets it when its own stderr is not a terminal; ``auto`` outside a
+  Jupyter kernel behaves so too when stderr is not a terminal (issue 37);
 * ``0``: no bars (``make test``, the smoke profile, ``--no-progress``).
 
 Inner bars (a training run inside a grid cell) are transient (``leave=False`` when another bar is open), so a grid
@@ -22,16 +25,38 @@ cell ends with one line per grid bar. Introduced for every notebook (00-05) by t
 from __future__ import annotations
 
 import os
+import re
+import sys
 from typing import Iterable
 
 from tqdm import tqdm as text_tqdm
 from tqdm.auto import tqdm as auto_tqdm
 
-__all__ = ["ENV", "MODES", "mode", "enabled", "bar", "TEXT_MININTERVAL_S"]
+__all__ = ["ENV", "MODES", "mode", "enabled", "bar", "TEXT_MININTERVAL_S", "LOG_MININTERVAL_S", "LineWriter"]
 
 ENV = "MOELAB_PROGRESS"
-MODES = {"": "auto", "1": "auto", "auto": "auto", "text": "text", "0": "off"}
+MODES = {"": "auto", "1": "auto", "auto": "auto", "text": "text", "log": "log", "0": "off"}
 TEXT_MININTERVAL_S = 2.0
+LOG_MININTERVAL_S = 30.0
+_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+class LineWriter:
+    """A file for tqdm that writes each redraw as its own plain line: terminal escape codes (cursor moves) are
+    removed, carriage returns end a line, blank lines are dropped. For logs, where a redraw cannot overwrite."""
+
+    def __init__(self, stream=None):
+        self.stream = stream
+
+    def write(self, s: str) -> int:
+        out = sys.stderr if self.stream is None else self.stream
+        for line in re.split(r"[\r\n]", _ESCAPE.sub("", s)):
+            if line.strip():
+                out.write(line.rstrip() + "\n")
+        return len(s)
+
+    def flush(self) -> None:
+        (sys.stderr if self.stream is None else self.stream).flush()
 
 
 def mode() -> str:
@@ -39,8 +64,25 @@ def mode() -> str:
     raw = os.environ.get(ENV, "").strip().lower()
     if raw not in MODES:
         raise ValueError(f"{ENV}={os.environ[ENV]!r} is not understood; use 0 (no bars), 1 (bars: widgets in "
-                         f"JupyterLab, text in a terminal) or text (text bars on stderr everywhere)")
-    return MODES[raw]
+                         f"JupyterLab, text in a terminal), text (text bars on stderr everywhere) or log (plain lines)")
+    m = MODES[raw]
+    if m == "auto" and not _in_kernel() and not _isatty(sys.stderr):
+        return "log"     # a script whose stderr goes to a file: no redraws there
+    return m
+
+
+def _in_kernel() -> bool:
+    """Whether this runs inside a Jupyter kernel (where ``auto`` shows widgets)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
 
 
 def enabled() -> bool:
@@ -75,8 +117,14 @@ def bar(iterable: Iterable | None = None, total: int | float | None = None, desc
         total = len(iterable)
     if leave is None:
         leave = not _open_bars()
-    cls = text_tqdm if m == "text" else auto_tqdm
+    cls = text_tqdm if m in ("text", "log") else auto_tqdm
     if m == "text":
         kwargs.setdefault("mininterval", TEXT_MININTERVAL_S)
-    kwargs.setdefault("dynamic_ncols", True)
+    if m == "log":   # fixed width, ASCII, every redraw a line of its own
+        kwargs.setdefault("mininterval", LOG_MININTERVAL_S)
+        kwargs.setdefault("file", LineWriter())
+        kwargs.setdefault("ascii", True)
+        kwargs.setdefault("ncols", 100)
+    else:
+        kwargs.setdefault("dynamic_ncols", True)
     return cls(iterable, total=total, desc=desc, unit=unit, disable=off, leave=leave, **kwargs)
