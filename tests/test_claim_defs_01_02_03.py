@@ -136,10 +136,11 @@ def test_every_claim_evaluates_on_the_committed_tables(tmp_path, nb, profile):
         assert by["sba_unit_vs_linear_wordnet_sts"]["verdict"] != "reproduced"
     if nb == "03_cluster_upcycling":
         assert by["similarity_vs_sparse"]["verdict"] == "holds by construction"
-        # the trend is tested on a fixed held-out batch against a stated noise null (not on training batches, where
-        # noise alone passed 59-84% of the time); its verdict is whatever the committed run gives
+        # the shape is tested per seed on a fixed held-out batch (issue 32: rise and fall, not one slope); our 120
+        # steps cannot stand for the poster's whole trajectory: outside the regime, with the measurement beside it
         trend = by["entropy_explores_then_restabilises"]
-        assert "held-out batch" in trend["metric"] and "null:" in trend["method"], trend
+        assert "held-out batch" in trend["metric"] and "min(rise, fall)" in trend["method"], trend
+        assert trend["verdict"] == "outside the regime" and trend["regime"]["passed"] is False
         assert by["r1_vs_sparse"]["unit"] == "points (x100)" and abs(by["r1_vs_sparse"]["ours"]) > 0.05
 
 
@@ -174,7 +175,9 @@ def _folder(tmp_path: Path, nb: str, tables: dict[str, pd.DataFrame]) -> Tables:
     return Tables(tmp_path)
 
 
-def test_trained_analyses_fall_back_to_a_seed_comparison_when_the_routers_move(tmp_path):
+def test_init_determined_analyses_hold_by_construction_even_when_the_routers_move(tmp_path):
+    """Issue 32: the gate does not look at the answer: compactness is declared determined by the initialisation, so
+    it is 'holds by construction' whether or not the routers moved (the measured difference is in the record)."""
     rows = []
     for m, init, final in (("cluster_eesd", 0.65, 0.55), ("sparse", 0.85, 0.84)):
         for seed in range(3):
@@ -185,8 +188,8 @@ def test_trained_analyses_fall_back_to_a_seed_comparison_when_the_routers_move(t
     T = _folder(tmp_path, "03_cluster_upcycling", {"analysis_panels": pd.DataFrame(rows)})
     c = {x.id: x for x in nb03_cluster_upcycling.CLAIMS}["compactness_vs_sparse"]
     r = evaluate(c, T)
-    assert r["kind"] == "comparative" and r["verdict"] == "reproduced"
-    assert r["ours"] == pytest.approx(0.55 - 0.84)
+    assert r["kind"] == "comparative" and r["verdict"] == "holds by construction"
+    assert r["ours"] == pytest.approx(0.55 - 0.84) and "whichever way it falls" in r["reason"]
 
 
 def test_sba_per_seed_scores_give_a_paired_seed_comparison(tmp_path):
@@ -196,7 +199,8 @@ def test_sba_per_seed_scores_give_a_paired_seed_comparison(tmp_path):
     c = {x.id: x for x in nb02_sba.CLAIMS}["sba_unit_vs_linear_wordnet_sts"]
     r = evaluate(c, T)
     assert r["ours"] == pytest.approx(10.0) and r["n_seeds"] == 3
-    assert r["verdict"] == "contradicted"   # the paper has unit-output SBA worse than linear on STS
+    # the paper has unit-output SBA worse than linear on STS; without the regime tables the claim stays undecided
+    assert r["verdict"] == "inconclusive" and "regime_geometry.csv" in r["reason"]
 
 
 def test_domain_dependence_reads_the_counts_of_the_moce_encoder(tmp_path):
@@ -207,4 +211,6 @@ def test_domain_dependence_reads_the_counts_of_the_moce_encoder(tmp_path):
             for d, counts in table.items() for k, n in counts.items()]
     T = _folder(tmp_path, "01_moce", {"appC_domain-cluster-counts": pd.DataFrame(rows)})
     r = evaluate({c.id: c for c in nb01_moce.CLAIMS}["clusters_separate_domains"], T)
-    assert r["verdict"] == "reproduced" and r["n_items"] == 40 + 173 + 85 and "e5" in r["method"]
+    # the clustering runs before any training: a property of MoCE's initialisation (issue 32)
+    assert r["verdict"] == "holds by construction" and r["n_items"] == 40 + 173 + 85 and "e5" in r["method"]
+    assert r["ci_low"] is None and "+" in r["reason"]

@@ -13,10 +13,11 @@ from scipy import stats as sps
 
 from moelab import stats
 from moelab.claims import (ByConstruction, Claim, ClaimEvidenceError, Insufficient, Items, Level, MissingTable,
-                           NotTestable, Options, Precomputed, Seeds, Tables, Trend, check_definitions, evaluate,
-                           scorecard_markdown, validate_record)
+                           NotInProfile, Options, Precomputed, Regime, Seeds, Tables, Trend, Unobtainable,
+                           check_definitions, evaluate, scorecard_markdown, validate_record)
 from moelab.claims import defs as defs_pkg
 from moelab.claims.__main__ import main as cli
+from moelab.claims.scorecard import results_markdown, review_markdown
 
 rb = importlib.import_module("moelab.claims.rebuild")   # the module (moelab.claims.rebuild is also the function)
 RNG = np.random.default_rng(0)
@@ -27,10 +28,15 @@ class _T:
     profile, notebook, provenance = "default", "98_demo", {}
 
 
+OK_REGIME = Regime("none: a unit test", "n/a", True)
+
+
 def comp(ev, paper_value=None, **kw):
     base = dict(id="a_vs_b", claim="A beats B", paper_ref="Table 1, column X", metric="accuracy", unit="points",
                 paper_value={"A": 50.0, "B": 48.0} if paper_value is None else paper_value, compare=("A", "B"),
-                evidence=lambda T: ev)
+                evidence=lambda T: ev, determined_by="training", regime=OK_REGIME)
+    if kw.get("proxy"):
+        base["proxy_for"] = "the paper's accuracy (test stand-in)"
     base.update(kw)
     return Claim(**base)
 
@@ -224,7 +230,7 @@ def test_level_trend_precomputed_and_fixed_verdicts():
                        evidence=lambda T: Trend(steps, steps, null="")), _T())
     pc = comp(Precomputed(ours=1.5, ci_low=0.5, ci_high=2.5, n_items=10, n_seeds=3, mde=1.0, method="permutation"))
     assert evaluate(pc, _T())["verdict"] == "reproduced"
-    assert evaluate(comp(NotTestable("no weights")), _T())["verdict"] == "not testable"
+    assert evaluate(comp(Unobtainable("no weights")), _T())["verdict"] == "unobtainable"
     assert evaluate(comp(Insufficient("one seed")), _T())["verdict"] == "inconclusive"
     with pytest.raises(ValueError, match="does not fit"):
         evaluate(comp(Level([1.0, 2.0, 3.0])), _T())
@@ -276,7 +282,8 @@ def demo(tmp_path, monkeypatch):
     mod = types.ModuleType("moelab.claims.defs.nb98_demo")
     mod.CLAIMS = [comp(None, evidence=runs, legacy="A beats B (old text)"),
                   comp(None, id="missing", evidence=lambda T: Seeds(T.csv("table9_absent").x, [], paired=False)),
-                  comp(None, id="by_def", evidence=lambda T: ByConstruction("initialisation", "equal at init", 0.0))]
+                  comp(None, id="by_def", determined_by="initialisation",
+                       evidence=lambda T: ByConstruction("initialisation", "equal at init", 0.0))]
     monkeypatch.setitem(sys.modules, mod.__name__, mod)
     monkeypatch.setenv("MOELAB_FIGURES", str(root))
     return root, folder, mod
@@ -292,7 +299,7 @@ def test_rebuild_deterministic_changelog_and_check(demo, tmp_path):
     first = (folder / "claims.json").read_bytes()
     v = {r["id"]: r["verdict"] for r in recs}
     assert v == {"a_vs_b": "reproduced", "missing": "inconclusive", "by_def": "holds by construction"}
-    assert "table9_absent.csv not saved" in recs[1]["reason"]
+    assert "needs table table9_absent.csv, produced by the next run" in recs[1]["reason"]
     text = log.read_text()
     assert "| A beats B | inconclusive | reproduced |" in text and "| dropped claim | reproduced | (removed) |" in text
     rb.rebuild(folder, changelog=log)
@@ -315,7 +322,7 @@ def test_tables_accessor(demo):
     T = Tables(folder)
     assert (T.notebook, T.profile) == ("98_demo", "default") and T.has("table1_runs") and not T.has("nope")
     assert list(T.csv("table1_runs.csv").columns) == ["seed", "arm", "score"] and T.json("extra") == {"k": 1}
-    with pytest.raises(MissingTable, match="table nope.csv not saved by this run"):
+    with pytest.raises(MissingTable, match="nope.csv, produced by the next run"):
         T.csv("nope")
 
 
@@ -341,15 +348,68 @@ def test_rebuild_changelog_auto_only_for_committed_figures(demo, monkeypatch, tm
 
 
 def test_scorecard_markdown(demo):
+    """README block: counts by label (extensions apart); docs/RESULTS.md: per-claim rows linking their tables."""
     root, folder, mod = demo
     rb.rebuild(folder, changelog=None)
     md = scorecard_markdown(root)
-    head, table = md.split("\n\n")
-    assert "| notebook | profile | reproduced | contradicted | underpowered | inconclusive |" in head
-    assert "| 98_demo | default | 1 | 0 | 0 | 1 | 1 | 0 | 3 |" in head
-    assert "| paper (value, unit) | ours (difference, unit) | 95% CI | MDE | seeds x items | verdict |" in table
-    row = next(line for line in table.splitlines() if "A beats B" in line)
+    assert "| notebook | profile | reproduced | contradicted | underpowered | inconclusive |" in md
+    assert "| 98_demo | default | 1 | 0 | 0 | 1 | 1 | 0 | 0 | 0 | 3 | 0 |" in md and "docs/RESULTS.md" in md
+    full = results_markdown(root)
+    assert "| paper (value, unit) | ours (difference, unit) | 95% CI | MDE | seeds x items | label |" in full
+    row = next(line for line in full.splitlines() if "A beats B" in line)
     assert "A 50 vs B 48: +2 points" in row and "| 4 x 200 | reproduced |" in row and "(Table 1, column X)" in row
+    assert "[table1_runs.csv](../figures/98_demo/table1_runs.csv)" in row
+
+
+def test_labels_gates_and_checklist(demo):
+    """Issue 32: the undecided labels, the gates that never look at the answer, the checklist fields, review."""
+    root, folder, mod = demo
+    runs = mod.CLAIMS[0].evidence
+    fail = Regime("the stand-in beats its baseline", "2.24 vs 2.22", False)
+    mod.CLAIMS[:] = [
+        comp(None, id="elsewhere", evidence=lambda T: NotInProfile("full", "arm b runs only in full")),
+        comp(None, id="weights", evidence=lambda T: Unobtainable("needs Llama-2-7b")),
+        comp(None, id="gated", evidence=runs, regime=fail),
+        comp(None, id="init_set", evidence=runs, determined_by="initialisation"),
+        comp(None, id="ext", evidence=runs, extension=True),
+        comp(None, id="decided", evidence=runs, legacy="A beats B (old text)"),
+    ]
+    recs = {r["id"]: r for r in rb.rebuild(folder, changelog=None)}
+    v = {k: r["verdict"] for k, r in recs.items()}
+    assert v == {"elsewhere": "not in this profile", "weights": "unobtainable", "gated": "outside the regime",
+                 "init_set": "holds by construction", "ext": "extension", "decided": "reproduced"}
+    assert recs["elsewhere"]["scored_in"] == "full" and "2.24 vs 2.22" in recs["gated"]["reason"]
+    assert "whichever way it falls" in recs["init_set"]["reason"]
+    d = recs["decided"]
+    assert d["determined_by"] == "training" and d["regime"] == {"check": "none: a unit test", "value": "n/a",
+                                                                "passed": True}
+    assert d["replication"].startswith("4 seed(s) x 200 item(s): seeds are the unit") and d["proxy_for"]
+    assert d["sources"] == ["table1_runs.csv"]
+    assert cli(["review", "--root", str(root)]) == 0
+    text = review_markdown(root)
+    assert "| decided | reproduced |" in text and "none: a unit test: n/a (passed)" in text
+    # a decisive row without its regime is an error at rebuild time
+    mod.CLAIMS[:] = [comp(None, id="decided", evidence=runs, regime=None)]
+    with pytest.raises(ValueError, match="empty checklist field"):
+        rb.rebuild(folder, changelog=None)
+    # the same counts go to the other profile's pointer in RESULTS.md
+    assert "→ full" in results_markdown(root)
+
+
+def test_proxy_rows_are_never_underpowered():
+    """A proxy equivalence row whose tolerance is below our MDE is inconclusive, not underpowered (issue 32)."""
+    ev = Items(RNG.normal(0, 1, 30), RNG.normal(0, 1, 30))
+    rec = evaluate(comp(ev, paper_value={"A": 50.0, "B": 50.0}, tolerance=0.01, tolerance_why="test",
+                        paper_tolerance=0.5, unit="nats", paper_unit="points", proxy=True), _T())
+    assert rec["verdict"] == "inconclusive" and validate_record(rec)
+
+
+def test_degenerate_interval_names_the_test_that_decided():
+    rec = evaluate(Claim(id="dep", claim="dependent", paper_ref="F", metric="V", unit="V", expected_sign=1,
+                         determined_by="training", regime=OK_REGIME,
+                         evidence=lambda T: Precomputed(0.8, 0.8, 0.8, 100, 1, 0.1, "permutation p = 0.0005")), _T())
+    assert rec["verdict"] == "reproduced" and "degenerate interval" in rec["reason"]
+    assert "permutation p = 0.0005" in rec["reason"]
 
 
 def test_every_claim_definition_file_checks():

@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 
 from moelab import cluster_upcycling as cu
+from moelab.claims.engine import rise_then_fall_stats
 from moelab.core.layer import MoELayer
 from moelab.core.similarity import expert_output_similarity
 
@@ -275,17 +276,16 @@ def test_entropy_trend_claim_reads_the_heldout_trajectory():
     t = np.arange(7.0)
     peaked = 0.6 + 0.05 * (3 - np.abs(t - 3)) + 0.002 * rng.standard_normal((3, 7))
     r = _verdict(_trajectories(peaked))
-    assert r["kind"] == "trend" and r["verdict"] == "reproduced" and r["n_seeds"] == 3
-    # the evidence is each seed's OLS slope of entropy on -|step - mid| (naive reference, mean over seeds)
-    x = -np.abs(np.arange(0, 25, 4.0) - 12)
-    slopes = [np.polyfit(x, row, 1)[0] for row in peaked]
-    assert r["ours"] == pytest.approx(np.mean(slopes), rel=1e-4)
-    assert "null:" in r["method"]
-    assert _verdict(_trajectories(0.8 - peaked))["verdict"] == "contradicted"  # a dip is the opposite shape
+    # issue 32: a per-seed rise-then-fall test; our 120 steps cannot stand for the poster's whole trajectory, so the
+    # verdict is "outside the regime" whatever the shape, with the measurement in the record
+    assert r["kind"] == "trend" and r["verdict"] == "outside the regime" and r["n_seeds"] == 3
+    assert r["ours"] == pytest.approx(np.mean(rise_then_fall_stats(peaked)), rel=1e-4) and r["ours"] > 0
+    assert "min(rise, fall)" in r["method"]
+    assert _verdict(_trajectories(0.8 - peaked))["ours"] < 0  # a dip is the opposite shape
     rising = 0.6 + 0.01 * t + 0.002 * rng.standard_normal((3, 7))  # monotone drift: not rise-then-fall
-    assert _verdict(_trajectories(rising))["verdict"] != "reproduced"
+    assert _verdict(_trajectories(rising))["ours"] < 0
     assert _verdict(None)["verdict"] == "inconclusive"  # no held-out table saved: the old training-batch noise
-    assert _verdict(_trajectories(peaked, method="sparse"))["verdict"] == "not testable"
+    assert _verdict(_trajectories(peaked, method="sparse"))["verdict"] == "not in this profile"
 
 
 def test_entropy_trend_claim_on_flat_noise_decides_rarely():

@@ -323,7 +323,7 @@ def test_drop_claims_read_damage_at_init_and_repair_at_the_end(tmp_path):
     r = evaluate(CLAIMS["drop_damage_repaired"], T)
     d = np.array([41.5, 42.0, 41.8]) - 40.0  # each seed minus the one untrained dense model
     assert r["kind"] == "comparative" and r["ours"] == pytest.approx(d.mean(), rel=REC) and r["n_seeds"] == 3
-    assert r["verdict"] == "reproduced" and r["ci_low"] > 0
+    assert r["verdict"] == "outside the regime" and r["ci_low"] > 0   # issue 32: the poster's repair took 1.3B samples
     assert r["mde"] is not None
     r = evaluate(CLAIMS["r1_vs_drop"], T)  # repaired: the end-of-training comparison is tested
     assert r["ours"] == pytest.approx(np.mean([43.0, 44.0, 43.5]) - np.mean([41.5, 42.0, 41.8]), rel=REC)
@@ -332,18 +332,18 @@ def test_drop_claims_read_damage_at_init_and_repair_at_the_end(tmp_path):
     end2.loc[end2["method"] == "drop", "r1_avg"] = [35.0, 36.0, 34.0]
     T2 = _tables(tmp_path / "b", {nb03.R1: end2, nb03.R1_INIT: init})
     r = evaluate(CLAIMS["r1_vs_drop"], T2)
-    assert r["verdict"] == "not testable" and "not repaired" in r["reason"] and "at initialisation 30.0" in r["reason"]
-    assert evaluate(CLAIMS["drop_damage_repaired"], T2)["verdict"] == "contradicted"
+    assert r["verdict"] == "outside the regime" and "ends below" in r["reason"] and "at initialisation 30.0" in r["reason"]
+    assert evaluate(CLAIMS["drop_damage_repaired"], T2)["verdict"] == "outside the regime"
     # Drop above the dense model at init in one seed: the seed comparison decides, not the initialisation label
     init3 = init.copy()
     init3.loc[(init3["method"] == "drop") & (init3["seed"] == 1), "r1_avg"] = 40.5
     r = evaluate(CLAIMS["drop_disrupts_at_init"], _tables(tmp_path / "c", {nb03.R1: end, nb03.R1_INIT: init3}))
-    assert r["kind"] == "comparative" and r["verdict"] != "holds by construction"
+    assert r["kind"] == "comparative" and r["verdict"] == "holds by construction"   # issue 32: whichever way
     # a run without R@1 at init, or without Drop
     assert evaluate(CLAIMS["drop_disrupts_at_init"], _tables(tmp_path / "d", {nb03.R1: end}))["verdict"] == \
         "inconclusive"
     r = evaluate(CLAIMS["drop_damage_repaired"], _tables(tmp_path / "e", {nb03.R1: end[end["method"] != "drop"]}))
-    assert r["verdict"] == "not testable"
+    assert r["verdict"] == "not in this profile"
 
 
 def _panel_rows(col, values):
@@ -374,7 +374,7 @@ def test_output_similarity_and_entropy_at_init_claims(tmp_path):
     ent[("cluster_eesd", "init")] = [0.7, 0.99, 0.71]  # not lower in every seed: the seed comparison decides
     r = evaluate(CLAIMS["entropy_confident_at_init"],
                  _tables(tmp_path / "e", {nb03.PANELS: _panel_rows("routing_entropy", ent)}))
-    assert r["verdict"] != "holds by construction" and r["n_seeds"] == 3
+    assert r["verdict"] == "holds by construction"   # issue 32: determined by the initialisation, whichever way
 
 
 def test_vision_claims_fine_tuning_paired_with_the_dense_model_and_probes_dropped(tmp_path):
@@ -387,4 +387,4 @@ def test_vision_claims_fine_tuning_paired_with_the_dense_model_and_probes_droppe
     assert r["n_seeds"] == 3 and r["mde"] is not None and r["paper_effect"] == pytest.approx(0.5, rel=REC)
     assert evaluate(CLAIMS["vit_cifar_ft_vs_sparse"], T)["n_seeds"] == 3
     r = evaluate(CLAIMS["vit_cifar_5shot_vs_sparse"], T)
-    assert r["verdict"] == "not testable" and "no signal" in r["reason"]
+    assert r["verdict"] == "outside the regime" and "no signal" in r["reason"]

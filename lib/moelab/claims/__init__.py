@@ -3,14 +3,15 @@
 ``Claim`` + evidence types and ``evaluate`` (engine), ``validate_record`` (schema), ``rebuild`` and the CLI
 ``python -m moelab.claims rebuild|check`` (rebuild), ``scorecard_markdown`` (README table). See docs/CLAIMS.md.
 """
-from moelab.claims.engine import (ENGINE_VERSION, VERDICTS, ByConstruction, Claim, ClaimEvidenceError, Insufficient,
-                                  Items, Level, MissingTable, NotTestable, Options, Precomputed, Seeds, Tables, Trend,
+from moelab.claims.engine import (DECISIVE, DETERMINED_BY, ENGINE_VERSION, VERDICTS, ByConstruction, Claim,
+                                  ClaimEvidenceError, Insufficient, Items, Level, MissingTable, NotInProfile, Options,
+                                  OutsideRegime, Precomputed, Regime, RiseThenFall, Seeds, Tables, Trend, Unobtainable,
                                   check_definitions, evaluate, with_range_pseudo_pairs)
 from moelab.claims.rebuild import check, frame, load_claims, output_folders, rebuild
 from moelab.claims.schema import FIELDS, validate_file, validate_record
 from moelab.claims.scorecard import scorecard_markdown
 
-__all__ = ["ENGINE_VERSION", "VERDICTS", "ByConstruction", "Claim", "ClaimEvidenceError", "FIELDS",
-           "Insufficient", "Items", "Level", "MissingTable", "NotTestable", "Options", "Precomputed", "Seeds",
-           "Tables", "Trend", "check", "check_definitions", "evaluate", "frame", "load_claims", "output_folders", "rebuild",
+__all__ = ["DECISIVE", "DETERMINED_BY", "ENGINE_VERSION", "VERDICTS", "ByConstruction", "Claim", "ClaimEvidenceError",
+           "FIELDS", "Insufficient", "Items", "Level", "MissingTable", "NotInProfile", "Options", "OutsideRegime",
+           "Precomputed", "Regime", "RiseThenFall", "Seeds", "Tables", "Trend", "Unobtainable", "check", "check_definitions", "evaluate", "frame", "load_claims", "output_folders", "rebuild",
            "scorecard_markdown", "validate_file", "validate_record"]

@@ -1,11 +1,13 @@
-"""``python -m moelab.claims rebuild FOLDER... | --all`` and ``python -m moelab.claims check`` (issue 14)."""
+"""``python -m moelab.claims rebuild FOLDER... | --all``, ``check`` (issue 14) and ``review [--write PATH]``
+(issue 32: the referee's checklist of every decisive verdict; exit 1 when a decisive record has an empty field)."""
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
-from moelab.claims.rebuild import CHANGELOG, check, output_folders, rebuild
+from moelab.claims.rebuild import CHANGELOG, REPO_ROOT, check, figures_root, output_folders, rebuild
+from moelab.claims.scorecard import review_markdown, review_rows
 
 
 def main(argv=None) -> int:
@@ -20,7 +22,18 @@ def main(argv=None) -> int:
     r.add_argument("--no-changelog", action="store_true")
     c = sub.add_parser("check", help="validate every claims.json and that a rebuild reproduces it")
     c.add_argument("--root", type=Path, default=None, help="figures root (default: figures/)")
+    v = sub.add_parser("review", help="print the referee's checklist of every decisive verdict")
+    v.add_argument("--root", type=Path, default=None, help="figures root (default: figures/)")
+    v.add_argument("--write", type=Path, default=None, help=f"also write it as markdown (e.g. "
+                                                            f"{REPO_ROOT / 'docs' / 'claims-review.md'})")
     a = ap.parse_args(argv)
+    if a.cmd == "review":
+        root = a.root or figures_root()
+        text = review_markdown(root)
+        print(text, end="")
+        if a.write:
+            a.write.write_text(text)
+        return 1 if review_rows(root)[1] else 0
     if a.cmd == "rebuild":
         if bool(a.folders) == a.all:
             ap.error("give output folders or --all (not both)")

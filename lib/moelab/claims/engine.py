@@ -11,9 +11,14 @@ and how to read the matching evidence from the saved tables (``evidence(T) -> Se
    detectable effect and the metric is the paper's own (``proxy=False``);
 3. otherwise ``inconclusive``.
 
-``holds by construction`` and ``not testable`` come from the evidence types of the same names. The direction of a
-claim is derived from the paper's numbers (``expected_sign`` may be typed only when the paper gives none); every
-comparative ``ours`` is a difference ``a - b``; a claim has one metric and one unit.
+Gates that do not look at the answer (issue 32), applied before the rule: evidence that cannot be had
+(``unobtainable``), a claim another profile scores (``not in this profile``), a failed regime check of the stand-in
+(``outside the regime``: the claim's ``regime=``), a check that is no claim of the paper (``extension``), and a
+quantity fixed by the definition or the initialisation (``determined_by``: ``holds by construction`` whichever way it
+falls). Proxy rows are never ``underpowered``. Every decisive record carries ``determined_by``, ``regime``,
+``replication`` and ``proxy_for`` (an empty one is an error). The direction of a claim is derived from the paper's
+numbers (``expected_sign`` may be typed only when the paper gives none); every comparative ``ours`` is a difference
+``a - b``; a claim has one metric and one unit.
 """
 from __future__ import annotations
 
@@ -30,8 +35,11 @@ import pandas as pd
 from moelab.stats import (Interval, minimum_detectable_effect, ols_slope_interval, paired_t_interval, t_interval,
                           welch_interval)
 
-ENGINE_VERSION = "moelab.claims v2.0"
-VERDICTS = ("reproduced", "contradicted", "underpowered", "inconclusive", "holds by construction", "not testable")
+ENGINE_VERSION = "moelab.claims v3.0"
+VERDICTS = ("reproduced", "contradicted", "underpowered", "inconclusive", "holds by construction", "unobtainable",
+            "not in this profile", "outside the regime", "extension")
+DECISIVE = ("reproduced", "contradicted")
+DETERMINED_BY = ("definition", "initialisation", "training")
 KINDS = ("comparative", "best", "absolute", "trend", "statistic", "qualitative")
 MIN_SEEDS = 3
 FEW_SEEDS = "fewer than 3 seeds: a training comparison cannot be decided"
@@ -63,6 +71,7 @@ class Tables:
         self.notebook: str = self.provenance.get("notebook", "")
         self.profile: str = self.provenance.get("profile", "")
         self._cache: dict[str, Any] = {}
+        self.reads: list[str] = []   # file names read (by the claim being evaluated: its record's ``sources``)
 
     def _path(self, stem: str, suffix: str) -> Path:
         stem = stem[: -len(suffix)] if stem.endswith(suffix) else stem
@@ -76,7 +85,9 @@ class Tables:
         """The saved table ``<stem>.csv`` (a copy: evidence functions may modify it)."""
         path = self._path(stem, ".csv")
         if not path.exists():
-            raise MissingTable(f"table {path.name} not saved by this run")
+            raise MissingTable(f"needs table {path.name}, produced by the next run (not saved by this run)")
+        if path.name not in self.reads:
+            self.reads.append(path.name)
         if path.name not in self._cache:
             self._cache[path.name] = pd.read_csv(path)
         return self._cache[path.name].copy()
@@ -85,7 +96,9 @@ class Tables:
         """The saved JSON file ``<stem>.json``."""
         path = self._path(stem, ".json")
         if not path.exists():
-            raise MissingTable(f"file {path.name} not saved by this run")
+            raise MissingTable(f"needs file {path.name}, produced by the next run (not saved by this run)")
+        if path.name not in self.reads:
+            self.reads.append(path.name)
         return json.loads(path.read_text())
 
 
@@ -180,8 +193,34 @@ class ByConstruction:
 
 
 @dataclass
-class NotTestable:
+class RiseThenFall:
+    """"Rises, then re-stabilises" on a FIXED held-out batch: ``values`` [seeds, steps] (column 0 = initialisation).
+    Per seed, with ``early`` = mean of the first half of the post-init steps and ``late`` = mean of their last third:
+    rise = early - init, fall = early - late, and the seed's statistic is min(rise, fall); t-interval over seeds. A
+    monotone (saturating) rise has fall <= 0, so it cannot pass (tests/test_claims_calibration.py)."""
+    steps: Any
+    values: Any
+    n_items: int | None = None
+
+
+@dataclass
+class Unobtainable:
+    """The paper's weights or data cannot be had offline (``reason`` names them)."""
     reason: str
+
+
+@dataclass
+class NotInProfile:
+    """The claim is scored by another profile (``profile`` names it)."""
+    profile: str
+    reason: str
+
+
+@dataclass
+class OutsideRegime:
+    """The stand-in failed a regime check computed inside the evidence (``check`` names it with its numbers)."""
+    check: str
+    reason: str = ""
 
 
 @dataclass
@@ -189,7 +228,16 @@ class Insufficient:
     reason: str
 
 
-EVIDENCE_TYPES = (Seeds, Items, Options, Level, Trend, Precomputed, ByConstruction, NotTestable, Insufficient)
+@dataclass
+class Regime:
+    """A claim's regime check (``Claim.regime``): what is checked, the measured value(s), whether it passed."""
+    check: str
+    value: str
+    passed: bool
+
+
+EVIDENCE_TYPES = (Seeds, Items, Options, Level, Trend, RiseThenFall, Precomputed, ByConstruction, Unobtainable,
+                  NotInProfile, OutsideRegime, Insufficient)
 
 
 # ---------------------------------------------------------------- the claim
@@ -229,6 +277,12 @@ class Claim:
     legacy: Any = None
     note: str = ""
     evidence: Callable | None = field(default=None, repr=False)
+    determined_by: str | None = None   # definition | initialisation | training (what sets the quantity); a notebook's
+                                       # definitions must declare it (load_claims), ad-hoc claims default to training
+    regime: Any = None               # Regime, or a function of the tables -> Regime (None: no regime check)
+    replication: str = ""            # why seeds x items is the right unit (default: from the evidence type)
+    proxy_for: str = ""              # proxy=True: the paper metric it stands in for and the evidence it tracks it
+    extension: bool = False          # not a claim of the paper (own table, never counted in the paper's totals)
 
     def __post_init__(self):
         where = f"claim {self.id!r}"
@@ -256,6 +310,17 @@ class Claim:
             if not self.tolerance_why.strip():
                 raise ValueError(f"{where}: tolerance={self.tolerance} needs tolerance_why (the papers report no "
                                  "spreads: say where the tolerance comes from)")
+        self.declared = self.determined_by is not None
+        if self.determined_by is None:
+            self.determined_by = "training"
+        if self.determined_by not in DETERMINED_BY:
+            raise ValueError(f"{where}: determined_by must be one of {DETERMINED_BY} (what sets the quantity), got "
+                             f"{self.determined_by!r}")
+        if self.proxy and not self.proxy_for.strip():
+            raise ValueError(f"{where}: a proxy claim needs proxy_for= (the paper metric it stands in for and the "
+                             "evidence that it tracks it)")
+        if self.regime is not None and not (callable(self.regime) or isinstance(self.regime, Regime)):
+            raise ValueError(f"{where}: regime must be a Regime or a function of the tables returning one")
         self._check_paper_value(where)
         self.paper_effect = self._paper_effect(where)
         self.equivalence = self._is_equivalence(where)
@@ -375,6 +440,8 @@ def check_definitions(claims) -> list:
         if isinstance(c, Claim):
             seen[c.id] = seen.get(c.id, 0) + 1
     problems += [f"claim id {k!r} is used {n} times" for k, n in seen.items() if n > 1]
+    problems += [f"claim {c.id!r} does not declare determined_by= (definition, initialisation or training)"
+                 for c in claims if isinstance(c, Claim) and not c.declared]
     if problems:
         raise ValueError("claim definitions: " + "; ".join(problems))
     return claims
@@ -406,8 +473,10 @@ class _Stat:
     method: str
     ours_is: str
     note: str = ""
-    decided: str | None = None   # a verdict fixed by the evidence (by construction, not testable, inconclusive)
+    decided: str | None = None   # a verdict fixed by the evidence (by construction, unobtainable, ..., inconclusive)
     kind: str | None = None      # "trend" / "statistic" for claims whose evidence gives them their kind
+    scored_in: str | None = None   # NotInProfile: the profile that scores the claim
+    unit_why: str = ""             # default replication reason (from the evidence type)
 
 
 def _series_pair(a, b, paired: bool, name: str):
@@ -563,8 +632,35 @@ def _stat_trend(ev: Trend, claim: Claim) -> _Stat:
                  f"t-interval of per-seed OLS slopes over {len(slopes)} seeds; null: {ev.null}", "slope per step")
 
 
+def rise_then_fall_stats(values) -> np.ndarray:
+    """Per-seed min(rise, fall) of :class:`RiseThenFall` for ``values`` [..., seeds, steps] (vectorised)."""
+    v = np.asarray(values, dtype=float)
+    post = v[..., 1:]
+    n = post.shape[-1]
+    early = post[..., : max(1, n // 2)].mean(-1)
+    late = post[..., n - max(1, n // 3):].mean(-1)
+    return np.minimum(early - v[..., 0], early - late)
+
+
+def _stat_shape(ev: RiseThenFall, claim: Claim) -> _Stat:
+    vals = _values(ev.values, "RiseThenFall values")
+    if vals.ndim != 2 or vals.shape[1] < 4:
+        raise ValueError(f"RiseThenFall needs [seeds, steps] with >= 4 steps (init + 3), got {vals.shape}")
+    m = rise_then_fall_stats(vals)
+    ours = float(m.mean())
+    ours_is = "min(rise, fall) per seed (early - init, early - late)"
+    if len(m) < MIN_SEEDS:
+        return _Stat(ours, None, None, ev.n_items, len(m), "per-seed rise/fall", ours_is, decided="inconclusive",
+                     note=FEW_SEEDS, kind="trend")
+    iv = t_interval(m)
+    return _Stat(ours, (iv.low, iv.high), minimum_detectable_effect(iv.se, iv.df), ev.n_items, len(m),
+                 f"t-interval over {len(m)} seeds of min(rise, fall): rise = mean of the first half of the post-init "
+                 "steps - init, fall = that mean - mean of the last third (a monotone rise has fall <= 0)", ours_is,
+                 kind="trend")
+
+
 _ALLOWED = {Seeds: ("comparative",), Items: ("comparative",), Options: ("best",), Level: ("absolute",),
-            Trend: ("qualitative",)}
+            Trend: ("qualitative",), RiseThenFall: ("qualitative",)}
 
 
 def _compute(ev, claim: Claim) -> _Stat:
@@ -586,9 +682,11 @@ def _compute(ev, claim: Claim) -> _Stat:
         return _stat_options(ev, claim)
     if isinstance(ev, Level):
         return _stat_level(ev, claim)
-    if isinstance(ev, (Trend, Precomputed)) and claim.expected_sign is None:
+    if isinstance(ev, (Trend, Precomputed, RiseThenFall)) and claim.expected_sign is None:
         raise ValueError(f"{type(ev).__name__} evidence needs a direction: paper_value (the paper's signed effect) or "
                          "a typed expected_sign for a qualitative claim")
+    if isinstance(ev, RiseThenFall):
+        return _stat_shape(ev, claim)
     if isinstance(ev, Trend):
         st = _stat_trend(ev, claim)
         st.kind = "trend"
@@ -610,11 +708,19 @@ def _compute(ev, claim: Claim) -> _Stat:
             raise ValueError("ByConstruction needs the reason")
         return _Stat(ev.ours, None, None, None, None, f"holds by {ev.which}", ours_is or "value",
                      decided="holds by construction", note=f"true of the {ev.which} alone: {ev.reason}")
-    if isinstance(ev, (NotTestable, Insufficient)):
-        if not ev.reason.strip():
-            raise ValueError(f"{type(ev).__name__} needs the reason")
-        return _Stat(None, None, None, None, None, "", ours_is or "value",
-                     decided="not testable" if isinstance(ev, NotTestable) else "inconclusive", note=ev.reason)
+    if isinstance(ev, (Unobtainable, NotInProfile, OutsideRegime, Insufficient)):
+        why = ev.check if isinstance(ev, OutsideRegime) else ev.reason
+        if not why.strip():
+            raise ValueError(f"{type(ev).__name__} needs its reason")
+        label = {Unobtainable: "unobtainable", NotInProfile: "not in this profile", OutsideRegime: "outside the regime",
+                 Insufficient: "inconclusive"}[type(ev)]
+        if isinstance(ev, NotInProfile):
+            why = f"scored by the {ev.profile} profile: {ev.reason}"
+        elif isinstance(ev, OutsideRegime):
+            why = f"regime check failed: {ev.check}" + (f"; {ev.reason}" if ev.reason else "")
+        st = _Stat(None, None, None, None, None, "", ours_is or "value", decided=label, note=why)
+        st.scored_in = ev.profile if isinstance(ev, NotInProfile) else None
+        return st
     raise ValueError(f"evidence must be one of {[t.__name__ for t in EVIDENCE_TYPES]}, got {type(ev).__name__}")
 
 
@@ -635,7 +741,7 @@ def _verdict(claim: Claim, st: _Stat) -> tuple[str, str]:
             return "reproduced", f"{ivs} lies inside ±{tol:g} (equivalence)"
         if dlo > tol or dhi < -tol:
             return "contradicted", f"{ivs} lies entirely outside ±{tol:g} (equivalence)"
-        if st.mde is not None and tol < st.mde:
+        if st.mde is not None and tol < st.mde and not claim.proxy:
             return "underpowered", f"{ivs} overlaps ±{tol:g}; the tolerance is below our MDE {st.mde:.3g}"
         return "inconclusive", f"{ivs} overlaps the edge of ±{tol:g}"
     if dlo > 0 or dhi < 0:
@@ -654,14 +760,46 @@ def _verdict(claim: Claim, st: _Stat) -> tuple[str, str]:
     return "inconclusive", f"{ivs} includes 0" + (f"; {why}" if why else "")
 
 
-def record(claim: Claim, st: _Stat, verdict: str, reason: str) -> dict:
+def _unit_why(ev) -> str:
+    """The default reason why the evidence's unit of replication is the right one for the comparison."""
+    seeds = "seeds are the unit: the compared models were trained, so seed-to-seed variation is the comparison's " \
+            "noise (items are averaged within each seed)"
+    items = "items are the unit: the compared quantities come from models fixed by design (no training between " \
+            "them), paired by item"
+    if isinstance(ev, Seeds):
+        return seeds
+    if isinstance(ev, Items):
+        return items
+    if isinstance(ev, (Options, Level)):
+        return seeds if ev.unit_of_replication == "seeds" else items
+    if isinstance(ev, (Trend, RiseThenFall)):
+        return "seeds are the unit: one statistic per seed on a fixed held-out batch at fixed steps"
+    if isinstance(ev, Precomputed):
+        return f"as the test resamples: {ev.method.split(';')[0]}"
+    return ""
+
+
+def _regime_dict(reg) -> dict | None:
+    if reg is None:
+        return None
+    return {"check": str(reg.check), "value": str(reg.value), "passed": bool(reg.passed)}
+
+
+def record(claim: Claim, st: _Stat, verdict: str, reason: str, regime=None, unit_why: str = "",
+           sources=()) -> dict:
     """The claim record (field order fixed; see ``moelab.claims.schema``)."""
     pv = claim.paper_value
     pv = {k: _r(v) for k, v in pv.items()} if isinstance(pv, Mapping) else _r(pv)
-    ci = st.ci if st.ci is not None and verdict not in ("holds by construction", "not testable") else (None, None)
+    ci = st.ci if st.ci is not None and verdict not in ("holds by construction", "unobtainable",
+                                                        "not in this profile") else (None, None)
     reasons = [r for r in (reason, claim.note) if r]
     if st.note and st.note not in reason:
         reasons.insert(1, st.note)
+    why = claim.replication or unit_why
+    n = (f"{st.n_seeds if st.n_seeds is not None else '?'} seed(s) x {st.n_items if st.n_items is not None else '?'} "
+         "item(s)") if (st.n_seeds is not None or st.n_items is not None) else ""
+    replication = f"{n}: {why}" if n and why else why
+    proxy_for = claim.proxy_for if claim.proxy else f"none: ours is the paper's metric ({claim.paper_metric})"
     return {
         "id": claim.id, "claim": claim.claim, "paper_ref": claim.paper_ref,
         "metric": claim.metric, "unit": claim.unit, "higher_is_better": bool(claim.higher_is_better),
@@ -672,17 +810,58 @@ def record(claim: Claim, st: _Stat, verdict: str, reason: str) -> dict:
         "n_items": None if st.n_items is None else int(st.n_items),
         "n_seeds": None if st.n_seeds is None else int(st.n_seeds),
         "mde": _r(st.mde), "verdict": verdict, "reason": "; ".join(reasons).replace("\n", " "), "method": st.method,
+        "determined_by": claim.determined_by, "regime": _regime_dict(regime), "replication": replication,
+        "proxy_for": proxy_for, "scored_in": st.scored_in, "sources": sorted(sources),
     }
 
 
+def _gate(claim: Claim, st: _Stat, verdict: str, reason: str, reg, reg_missing: str) -> tuple[str, str]:
+    """The issue-32 gates, which never look at the answer: extension, unobtainable / another profile, the regime
+    check, a quantity fixed by the definition or the initialisation; then a zero-width interval is flagged."""
+    if claim.extension:
+        return "extension", f"not a claim of the paper; as a test it would read {verdict}: {reason}"
+    if verdict in ("unobtainable", "not in this profile", "outside the regime") or st.decided == "inconclusive":
+        return verdict, reason   # undecided for a reason of its own (missing table, proxy guard, few seeds)
+    fixed = claim.determined_by in ("definition", "initialisation")
+    if not fixed and reg_missing:
+        return ("inconclusive" if verdict in DECISIVE + ("underpowered",) else verdict), \
+            f"the regime check {reg_missing}; measured: {reason}"
+    if not fixed and reg is not None and not reg.passed:
+        return "outside the regime", f"regime check failed: {reg.check}: {reg.value}; measured anyway: {reason}"
+    if fixed and (st.decided is None or st.decided == "holds by construction"):
+        if st.decided == "holds by construction":
+            return verdict, reason
+        return "holds by construction", (f"true of the {claim.determined_by} alone, whichever way it falls "
+                                         f"(determined_by={claim.determined_by}); measured: {reason}")
+    if verdict in DECISIVE and st.ci is not None and st.ci[0] == st.ci[1]:
+        reason += (f"; degenerate interval [{_fmt(st.ci[0])}, {_fmt(st.ci[1])}] (zero width: every resample "
+                   f"identical); the test that decided: {st.method}")
+    return verdict, reason
+
+
 def evaluate(claim: Claim, tables: Tables) -> dict:
-    """Evaluate one claim on a folder's tables: its record (a :class:`MissingTable` -> ``inconclusive``)."""
+    """Evaluate one claim on a folder's tables: its record (a :class:`MissingTable` -> ``inconclusive``, the reason
+    naming the table and that the next run produces it)."""
     if not isinstance(claim, Claim):
         raise ValueError(f"evaluate needs a Claim, got {type(claim).__name__}")
+    if isinstance(tables, Tables):
+        tables.reads = []
     try:
         ev = claim.evidence(tables)
     except MissingTable as e:
         ev = Insufficient(str(e))
+    if isinstance(ev, ByConstruction) and not claim.declared:   # an ad-hoc claim (tests): the evidence says which
+        claim.determined_by = ev.which
+    if isinstance(ev, ByConstruction) and ev.which != claim.determined_by:
+        raise ValueError(f"claim {claim.id!r}: ByConstruction({ev.which!r}) evidence on a claim determined_by="
+                         f"{claim.determined_by!r}: the gate must not depend on the answer (declare determined_by)")
     st = _compute(ev, claim)
     verdict, reason = _verdict(claim, st)
-    return record(claim, st, verdict, reason)
+    reg, reg_missing = None, ""
+    if claim.regime is not None:
+        try:
+            reg = claim.regime(tables) if callable(claim.regime) else claim.regime
+        except MissingTable as e:
+            reg_missing = str(e)
+    verdict, reason = _gate(claim, st, verdict, reason, reg, reg_missing)
+    return record(claim, st, verdict, reason, reg, _unit_why(ev), tables.reads if isinstance(tables, Tables) else ())

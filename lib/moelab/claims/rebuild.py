@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from moelab.claims.engine import ENGINE_VERSION, ClaimEvidenceError, Tables, check_definitions, evaluate
-from moelab.claims.schema import FIELDS, validate_file, validate_record
+from moelab.claims.schema import FIELDS, check_checklist, validate_file, validate_record
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 CHANGELOG = REPO_ROOT / "docs" / "verdict-changes.md"
@@ -74,7 +74,7 @@ def evaluate_folder(folder) -> tuple[dict, list[dict]]:
             rec = evaluate(c, tables)
         except Exception as e:   # a bug in the definition or the tables: name the claim
             raise ClaimEvidenceError(f"{prov['notebook']} ({folder}) claim {c.id!r}: {type(e).__name__}: {e}") from e
-        records.append(validate_record(rec))
+        records.append(check_checklist(validate_record(rec)))
     return prov, records
 
 
@@ -205,6 +205,8 @@ def check(root: Path | None = None) -> list[str]:
             continue
         try:
             data = validate_file(json.loads(path.read_text()))
+            for rec in data["claims"]:
+                check_checklist(rec)
         except (ValueError, json.JSONDecodeError) as e:
             problems.append(f"{where}: {e}")
             continue

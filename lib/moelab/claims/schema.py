@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from moelab.claims.engine import KINDS, VERDICTS
+from moelab.claims.engine import DECISIVE, DETERMINED_BY, KINDS, VERDICTS
 
 _NUM = (int, float)
 _OPT_NUM = (int, float, type(None))
@@ -25,9 +25,13 @@ FIELDS: dict[str, tuple] = {
     "kind": (str,), "ours_is": (str,), "ours": _OPT_NUM, "ci_low": _OPT_NUM, "ci_high": _OPT_NUM,
     "n_items": _OPT_INT, "n_seeds": _OPT_INT, "mde": _OPT_NUM,
     "verdict": (str,), "reason": (str,), "method": (str,),
+    # issue 32: the referee's checklist (required non-empty on every decisive row)
+    "determined_by": (str,), "regime": (dict, type(None)), "replication": (str,), "proxy_for": (str,),
+    "scored_in": (str, type(None)), "sources": (list,),
 }
 RECORD_KINDS = KINDS
-DECIDED = ("reproduced", "contradicted")
+DECIDED = DECISIVE
+CHECKLIST = ("determined_by", "regime", "replication", "proxy_for")
 
 
 def validate_record(rec: Any) -> dict:
@@ -74,11 +78,35 @@ def validate_record(rec: Any) -> dict:
         raise ValueError(f"{who}: verdict {rec['verdict']!r} needs the expected sign")
     if rec["verdict"] == "underpowered" and rec["mde"] is None:
         raise ValueError(f"{who}: verdict 'underpowered' needs the MDE")
-    if rec["method"].startswith("holds by") and rec["verdict"] != "holds by construction":
+    if rec["determined_by"] not in DETERMINED_BY:
+        raise ValueError(f"{who}: determined_by must be one of {DETERMINED_BY}, got {rec['determined_by']!r}")
+    if rec["regime"] is not None and set(rec["regime"]) != {"check", "value", "passed"}:
+        raise ValueError(f"{who}: regime must have exactly check, value, passed; got {sorted(rec['regime'])}")
+    if rec["verdict"] in DECIDED:
+        if rec["determined_by"] != "training":
+            raise ValueError(f"{who}: a quantity determined by the {rec['determined_by']} cannot be decisive")
+        if rec["regime"] is not None and not rec["regime"]["passed"]:
+            raise ValueError(f"{who}: decisive verdict with a failed regime check")
+    if rec["verdict"] == "not in this profile" and not rec["scored_in"]:
+        raise ValueError(f"{who}: 'not in this profile' must name the profile that scores it (scored_in)")
+    if rec["verdict"] == "underpowered" and rec["proxy"]:
+        raise ValueError(f"{who}: a proxy row is inconclusive or decisive, never underpowered")
+    if rec["method"].startswith("holds by") and rec["verdict"] not in ("holds by construction", "extension"):
         raise ValueError(f"{who}: evidence that holds by construction cannot be {rec['verdict']!r}")
     for k in ("n_items", "n_seeds"):
         if rec[k] is not None and rec[k] < 0:
             raise ValueError(f"{who}: {k} must be >= 0, got {rec[k]}")
+    return rec
+
+
+def check_checklist(rec: dict) -> dict:
+    """Issue 32: a decisive record must carry the referee's checklist (determined_by, regime, replication, proxy_for);
+    an empty field raises ``ValueError`` (called by ``rebuild`` and ``check`` on every record of a notebook)."""
+    if rec["verdict"] in DECIDED:
+        empty = [k for k in CHECKLIST if not rec[k] or (k == "regime" and not str(rec[k]["check"]).strip())]
+        if empty:
+            raise ValueError(f"claim record {rec['id']!r}: decisive verdict {rec['verdict']!r} with empty checklist "
+                             f"field(s) {empty} (issue 32: give the claim determined_by=, regime=, proxy_for=)")
     return rec
 
 

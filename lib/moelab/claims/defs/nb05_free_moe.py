@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moelab.claims import ByConstruction, Claim, Insufficient, Items, NotTestable, Options
+from moelab.claims import ByConstruction, Claim, Insufficient, Items, MissingTable, Options, Regime, Unobtainable
 
 ITEMS = "table1_main-items"            # per test item, method and metric (acc 0/1, loglik nats/token, pass@k)
 KEEP = "keep_off-domain-items"          # per probe item: dense vs another domain's DSS-Experts, answer likelihood
@@ -47,6 +47,88 @@ LL_TOL_WHY = ("the paper states the purified patches are removed 'while maintain
               "likelihood number; ±0.05 nats per token = per-token perplexity within 5% of the dense model's")
 PAPER_KEEP = ("§3.1 (Eq. 5 text): the purified patches 'are considered less crucial to the model's overall "
               "performance and are therefore purified to reduce complexity while maintaining accuracy'")
+
+
+BASELINES = "baselines_accuracy"          # per MC task: the model's accuracy beside chance / position / question-blind
+LL_TASKS = (NLL_MATHS, NLL_CODE)
+LL_PROXY_FOR = ("the paper's accuracy / pass@1 column: the likelihood of held-out reference answers (GSM-style "
+                "solutions, stdlib code) on a task where docs/scorecard.md finds SmolLM2 usable (no chance level); "
+                "decided on sign only")
+KEEP_PROXY_FOR = "the paper's 'maintaining accuracy': answer likelihood of other domains' probe items"
+
+
+# docs/scorecard.md (python -m moelab.suite.scorecard): the tasks on which each base model beats chance, the best
+# always-same-position and the best question-blind baseline in one-sided paired tests at 5% (its `status` column).
+SCORECARD_USABLE = {"smollm2-135m-instruct": ("nll_code", "nll_maths", "nll_reasoning"),
+                    "gemma-3-270m": ("humaneval", "nll_code", "nll_maths", "nll_reasoning")}
+
+
+def _scorecard_usable(T, task: str) -> tuple[bool, str]:
+    """Whether docs/scorecard.md marks ``task`` usable for the run's model (read from the per-item table)."""
+    model = str(T.csv(ITEMS)["model"].iloc[0]).lower()
+    name = task[len("moelab_"):] if task.startswith("moelab_") else task
+    ok = name in SCORECARD_USABLE.get(model, ())
+    return ok, f"docs/scorecard.md: {name} {'usable' if ok else 'not usable'} for {model}"
+
+
+def usable(T, task: str, metric: str) -> Regime:
+    """The regime check of a claim on ``task`` in ``metric`` (issue 32: the same check for every claim on the task):
+    accuracy on a multiple-choice task needs the model above chance, the best always-same-position and the best
+    question-blind baseline (``baselines_accuracy``, the scorecard's rule); pass@k needs at least one passed item;
+    the likelihood of reference answers on the nll tasks has no chance level (docs/scorecard.md: usable)."""
+    if metric == "loglik" and task in LL_TASKS:
+        return Regime("reference-answer likelihood on a usable nll task (docs/scorecard.md: SmolLM2 is usable on "
+                      "nll_code, nll_maths, nll_reasoning)", f"{task}: no chance level", True)
+    if metric.startswith("pass@"):
+        s = T.csv(ITEMS)
+        b = s[(s.task == task) & (s.metric == metric) & (s.method == "BASELINE")]
+        ok, card = _scorecard_usable(T, task)
+        return Regime(f"the scorecard marks {task} usable and the base model passes at least one item ({metric})",
+                      f"{card}; BASELINE passes {int((b.score > 0).sum())} of {len(b)} items",
+                      ok and bool((b.score > 0).any()))
+    base = T.csv(BASELINES)
+    out = []
+    for t in _tasks_of(T, task):
+        d = base[base.task == t]
+        if d.empty:
+            raise MissingTable(f"needs {t}'s rows of {BASELINES}.csv, produced by the next run")
+        own = float(d[d.scorer == "BASELINE"].acc.iloc[0])
+        other = d[~d.kind.isin(["model"])]
+        best = other.loc[other.acc.idxmax()]
+        ok, card = _scorecard_usable(T, t)
+        out.append((t, own, float(best.acc), str(best.scorer), ok and own > float(best.acc), card))
+    return Regime("the scorecard marks the task usable (the model beats chance, the best always-same-position and the "
+                  "best question-blind baseline) and this run's base model beats them too (baselines_accuracy)",
+                  "; ".join(f"{t}: {o:.1f} vs {b:.1f} ({n}), {c}" for t, o, b, n, _, c in out),
+                  all(r[4] for r in out))
+
+
+def proxy_guard(task: str, metric: str, evidence):
+    """A proxy decides only where it measures the claim: raw gold-option likelihood on a multiple-choice task on which
+    the model fails the usability check (at chance) is no evidence about accuracy -> ``Insufficient`` saying so."""
+    def guarded(T):
+        if metric == "loglik" and task not in LL_TASKS:
+            try:
+                r = usable(T, task, "acc")
+            except MissingTable:   # no usability table: the claim's regime (the same check) says so
+                return evidence(T)
+            if not r.passed:
+                return Insufficient(f"proxy does not measure the claim: raw gold-option likelihood on {task}, where "
+                                    f"the model fails the usability check ({r.value}), is no evidence about accuracy")
+        return evidence(T)
+    return guarded
+
+
+def _claim_gates(task: str, metric: str) -> dict:
+    """determined_by / regime / proxy_for of a claim on ``task`` in ``metric`` (gain, ratio and ablation claims)."""
+    kw = dict(determined_by="training")
+    if metric == "loglik":
+        kw["proxy_for"] = LL_PROXY_FOR
+        # nll tasks: no chance level; multiple choice: the accuracy check (proxy_guard keeps a failed one undecided)
+        kw["regime"] = lambda T: usable(T, task, metric if task in LL_TASKS else "acc")
+    else:
+        kw["regime"] = lambda T: usable(T, task, metric)
+    return kw
 
 
 def _tasks_of(T, task: str) -> list[str]:
@@ -168,7 +250,8 @@ def _gain_claim(id, method, task, column, paper_value, metric="acc", legacy=None
                  paper_ref=f"Table 1, LLaMA-2-7b-chat, column {column}", metric=f"{what} on {task}",
                  unit=LL_UNIT if proxy else ACC_UNIT, paper_metric=column, paper_unit=ACC_UNIT,
                  paper_higher_is_better=True, proxy=proxy, paper_value=paper_value, compare=(method, "BASELINE"),
-                 legacy=legacy, evidence=pair_evidence(task, metric, method, "BASELINE"), **kw)
+                 legacy=legacy, evidence=proxy_guard(task, metric, pair_evidence(task, metric, method, "BASELINE")),
+                 **_claim_gates(task, metric), **kw)
 
 
 def _keep_claim(domain: str):
@@ -179,7 +262,7 @@ def _keep_claim(domain: str):
                  unit=LL_UNIT, paper_metric="accuracy", paper_unit=ACC_UNIT, paper_higher_is_better=True, proxy=True,
                  compare=("purified", "BASELINE"), tolerance=LL_TOL, tolerance_why=LL_TOL_WHY,
                  note="issue 22: purification's cost outside its own domain (FREE-MOE's misrouted items meet it)",
-                 evidence=keep_evidence(domain))
+                 determined_by="training", extension=True, proxy_for=KEEP_PROXY_FOR, evidence=keep_evidence(domain))
 
 
 DOWP_LEGACY = "DOWP improves over the base model (pooled test accuracy, points)"
@@ -202,13 +285,16 @@ def _ratio_claims(other: str, paper_other: float, **kw) -> list:
     acc = Claim(id=f"ratio_5_vs_{slug}", claim=f"purifying 5% and {other} of the weights give the same accuracy",
                 paper_ref="Table 2, MMLU column", metric=f"accuracy on the {GEN_ITEMS}", unit=ACC_UNIT, paper_value=pv,
                 compare=("5%", other), tolerance=RATIO_TOL, tolerance_why=RATIO_TOL_WHY,
-                evidence=pair_evidence(GENERAL, "acc", "5%", other, "table2_ratio-items"), **kw)
+                evidence=pair_evidence(GENERAL, "acc", "5%", other, "table2_ratio-items"), **_claim_gates(GENERAL, "acc"),
+                **kw)
     ll = Claim(id=f"ratio_5_vs_{slug}_loglik", claim=f"purifying 5% and {other} of the weights give the same answer "
                "likelihood", paper_ref="Table 2, MMLU column", metric=f"answer log-likelihood per token on the "
                f"{GEN_ITEMS}", unit=LL_UNIT, paper_metric="MMLU acc", paper_unit=ACC_UNIT,
                paper_higher_is_better=True, proxy=True, paper_value=pv, compare=("5%", other), tolerance=LL_TOL,
                tolerance_why=LL_TOL_WHY, paper_tolerance=RATIO_TOL,
-               evidence=pair_evidence(GENERAL, "loglik", "5%", other, "table2_ratio-items"))
+               evidence=proxy_guard(GENERAL, "loglik", pair_evidence(GENERAL, "loglik", "5%", other,
+                                                                     "table2_ratio-items")),
+               **_claim_gates(GENERAL, "loglik"))
     return [acc, ll]
 
 
@@ -258,7 +344,7 @@ CLAIMS = [
                 {"FREE-MOE": 19.51, "BASELINE": 19.51}, metric="pass@10", legacy=FREE_LEGACY, tolerance=2.0,
                 tolerance_why="the paper's own FREE-MOE HumanEval pass@10 changes span -1.83 to +1.83 points across "
                               "its four models (Table 1); ±2 points"),
-    Claim(id="freemoe_misrouted_keep_likelihood",
+    Claim(id="freemoe_misrouted_keep_likelihood", determined_by="training", extension=True, proxy_for=KEEP_PROXY_FOR,
           claim=f"FREE-MOE keeps the answer likelihood of the items its router sends to another main domain's expert "
                 f"(within ±{LL_TOL:g} nats per token)",
           paper_ref=PAPER_KEEP + "; §3.2: the router 'activates only the most relevant subnetworks'",
@@ -268,14 +354,14 @@ CLAIMS = [
           note="issue 22: the router's errors put items under a foreign domain's DSS-Expert",
           evidence=misrouted_evidence),
     # ---- the selection protocol: Tables 6-10 Max column = Table 1 DOWP row (selection on the evaluated items)
-    Claim(id="dowp_reference_gain_by_selection",
+    Claim(id="dowp_reference_gain_by_selection", determined_by="definition",
           claim="DOWP's gain on the reference items its band was selected on is the best over the bands there "
                 "(optimistic by construction)",
           paper_ref="Tables 6-10 (Max column) = Table 1 DOWP row (selection on the evaluated items)",
           metric="gain on the selection items (selection metric)", unit="selection metric",
           legacy="DOWP's gain on the reference items its band was selected on (accuracy, points)",
           evidence=reference_gain_evidence),
-    Claim(id="dowp_test_selected_row_is_optimistic",
+    Claim(id="dowp_test_selected_row_is_optimistic", determined_by="definition",
           claim="the paper's DOWP row (band chosen on the test items) is at least the held-out DOWP row",
           paper_ref="Tables 6-10 count-weighted Max = Table 1 DOWP row", metric="test-selected - reference-selected "
           "score on the same test items", unit="selection metric", evidence=test_selection_evidence),
@@ -290,18 +376,21 @@ CLAIMS = [
           paper_ref="Table 3, MathQA column", metric=f"test accuracy on {MATH_MC}", unit=ACC_UNIT,
           paper_value={"mlp": 26.87, "attn": 25.90, "both": 27.34}, best="both",
           legacy=["purifying both sublayers is best on MathQA-like items", "sublayer choice (Table 3)"],
-          evidence=options_evidence("table3_sublayers-items", MATH_MC, "acc", ("mlp", "attn", "both"))),
+          evidence=proxy_guard(MATH_MC, "acc", options_evidence("table3_sublayers-items", MATH_MC, "acc", ("mlp", "attn", "both"))),
+          **_claim_gates(MATH_MC, "acc")),
     Claim(id="sublayers_both_best_mathqa_loglik", claim="purifying both sublayers is best on MathQA (likelihood)",
           paper_ref="Table 3, MathQA column", metric=f"answer log-likelihood per token on {MATH_MC}", unit=LL_UNIT,
           paper_metric="MathQA acc", paper_unit=ACC_UNIT, paper_higher_is_better=True, proxy=True,
           paper_value={"mlp": 26.87, "attn": 25.90, "both": 27.34}, best="both",
-          evidence=options_evidence("table3_sublayers-items", MATH_MC, "loglik", ("mlp", "attn", "both"))),
+          evidence=proxy_guard(MATH_MC, "loglik", options_evidence("table3_sublayers-items", MATH_MC, "loglik", ("mlp", "attn", "both"))),
+          **_claim_gates(MATH_MC, "loglik")),
     Claim(id="sublayers_attn_best_gsm8k", claim="purifying the self-attention sublayers is best on GSM8K",
           paper_ref="Table 3, GSM8K column", metric=f"answer log-likelihood per token on {NLL_MATHS}", unit=LL_UNIT,
           paper_metric="GSM8K acc", paper_unit=ACC_UNIT, paper_higher_is_better=True, proxy=True,
           paper_value={"mlp": 21.61, "attn": 23.42, "both": 22.21}, best="attn",
           legacy=["purifying both sublayers is best on MathQA-like items", "sublayer choice (Table 3)"],
-          evidence=options_evidence("table3_sublayers-items", NLL_MATHS, "loglik", ("mlp", "attn", "both"))),
+          evidence=proxy_guard(NLL_MATHS, "loglik", options_evidence("table3_sublayers-items", NLL_MATHS, "loglik", ("mlp", "attn", "both"))),
+          **_claim_gates(NLL_MATHS, "loglik")),
     # ---- Table 4 (patch size, 5% ratio): HumanEval pass@1 1x1 15.73, 2x2 15.67, 4x4 14.88, 16x16 13.97 (base
     # 14.45); stand-in: canonical-solution likelihood of HumanEval (proxy). Bands purify equal shares at every patch
     # size here (exact counts; table4_realised-share.csv). MBPP and pass@10 columns have no stand-in.
@@ -312,22 +401,25 @@ CLAIMS = [
           note="issue 22: with Wanda's per-row rounding 16x16 bands purified 3.1-5.5% of weights; here every patch "
                "size purifies the same share (exact counts)",
           legacy="1x1 patches are best",
-          evidence=options_evidence("table4_patch-items", NLL_CODE, "loglik", ("1x1", "2x2", "4x4", "16x16"))),
+          evidence=proxy_guard(NLL_CODE, "loglik", options_evidence("table4_patch-items", NLL_CODE, "loglik", ("1x1", "2x2", "4x4", "16x16"))),
+          **_claim_gates(NLL_CODE, "loglik")),
     # ---- Table 5 (FREE-MOE, K of k-means, MMLU): K=10 47.46, K=12 47.79, K=14 47.27.
     Claim(id="kmeans_k12_best", claim="K = 12 subdomains is the best k-means setting",
           paper_ref="Table 5, MMLU column", metric=f"accuracy on the {GEN_ITEMS}", unit=ACC_UNIT,
           paper_value={"K=10": 47.46, "K=12": 47.79, "K=14": 47.27}, best="K=12",
           note="with K = 10-14 on the general domain's few reference items a subdomain holds a handful of items",
           legacy="K=12 subdomains is best",
-          evidence=options_evidence("table5_kmeans-items", GENERAL, "acc", ("K=10", "K=12", "K=14"))),
+          evidence=proxy_guard(GENERAL, "acc", options_evidence("table5_kmeans-items", GENERAL, "acc", ("K=10", "K=12", "K=14"))),
+          **_claim_gates(GENERAL, "acc")),
     Claim(id="kmeans_k12_best_loglik", claim="K = 12 subdomains is the best k-means setting (likelihood)",
           paper_ref="Table 5, MMLU column", metric=f"answer log-likelihood per token on the {GEN_ITEMS}",
           unit=LL_UNIT, paper_metric="MMLU acc", paper_unit=ACC_UNIT, paper_higher_is_better=True, proxy=True,
           paper_value={"K=10": 47.46, "K=12": 47.79, "K=14": 47.27}, best="K=12",
-          evidence=options_evidence("table5_kmeans-items", GENERAL, "loglik", ("K=10", "K=12", "K=14"))),
+          evidence=proxy_guard(GENERAL, "loglik", options_evidence("table5_kmeans-items", GENERAL, "loglik", ("K=10", "K=12", "K=14"))),
+          **_claim_gates(GENERAL, "loglik")),
     # ---- Table 1 on the paper's own models and benchmarks
-    Claim(id="paper_models_and_benchmarks", claim=PAPER_MODELS, paper_ref="Table 1 (all rows)",
+    Claim(id="paper_models_and_benchmarks", determined_by="training", claim=PAPER_MODELS, paper_ref="Table 1 (all rows)",
           metric="MMLU / GSM8K / MathQA / MBPP / HumanEval scores", unit=ACC_UNIT, legacy=PAPER_MODELS,
-          evidence=lambda T: NotTestable("weights and data not obtainable offline; the paper profile takes a local "
+          evidence=lambda T: Unobtainable("weights and data not obtainable offline; the paper profile takes a local "
                                          "path")),
 ]
