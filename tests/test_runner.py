@@ -189,13 +189,14 @@ def test_verify_catches_a_change_that_flips_a_verdict(runner, tmp_figures, monke
     _write_nb(runner / "nbs", "VARY = True\n" + body)
     assert notebooks.main(["run", "--profile", "default", "--no-progress", "--force", "--only", "00"]) == 0
     committed = json.loads((tmp_figures / "figures" / NB / "claims.json").read_text())
-    assert {c["id"]: c["verdict"] for c in committed["claims"]}["top_p_count_varies"] == "reproduced"
+    # issue 32: top-p's varying count is true of the rule's definition: 'holds by construction' with its number
+    assert {c["id"]: c["verdict"] for c in committed["claims"]}["top_p_count_varies"] == "holds by construction"
     verify = ["verify", "--profile", "default", "--no-progress", "--only", "00"]
     assert notebooks.main(verify) == 0                                   # same code: every claim agrees
     _write_nb(runner / "nbs", "VARY = False\n" + body)                  # the deliberate change
     assert notebooks.main(verify) == 1
     report = (tmp_path / "verify-docs" / f"{NB}.md").read_text()
-    assert "| top_p_count_varies | reproduced |" in report and "flipped" in report
+    assert "| top_p_count_varies | holds by construction |" in report and "outside" in report
     assert json.loads((tmp_figures / "figures" / NB / "claims.json").read_text()) == committed   # never published
 
 

@@ -13,9 +13,11 @@ from moelab.mass.experiment import __all__ as _experiment_all
 from moelab.mass.experiment import _nll  # noqa: F401  (tests and notebook 00's router checks use it)
 from moelab.mass.method import *  # noqa: F401,F403
 from moelab.mass.method import __all__ as _method_all
+from moelab.mass.config import *  # noqa: F401,F403
+from moelab.mass.config import __all__ as _config_all
 from moelab.mass.report import *  # noqa: F401,F403
 from moelab.mass.report import __all__ as _report_all
 # the elbow rule and the JSD are shared with notebooks 01 and 02 (moelab.stats); re-exported under the old names
 from moelab.stats import elbow_max_chord, jensen_shannon  # noqa: F401
 
-__all__ = [*_method_all, *_data_all, *_experiment_all, *_report_all, "elbow_max_chord", "jensen_shannon"]
+__all__ = [*_method_all, *_data_all, *_experiment_all, *_report_all, *_config_all, "elbow_max_chord", "jensen_shannon"]

@@ -39,7 +39,7 @@ __all__ = ["GINCConfig", "GINC", "build_ginc", "sample_documents", "sample_promp
            "bayes_labels", "bayes_nll", "ENTITY_SWITCH", "top_switch_share", "GINC_EXAMPLE_LENS",
            "GINC_EXAMPLE_COUNTS", "GINC_PROMPTS_PER_SETTING", "GINC_MAX_PROMPT_TOKENS", "GINC_TRAIN_DOCS",
            "GINC_DOC_LEN", "switch_readings", "ginc_settings", "incontext_positions", "sample_incontext",
-           "incontext_predictive", "incontext_bayes", "NGram",
+           "incontext_predictive", "incontext_bayes", "within_example_bayes", "NGram",
            "ngram_baselines", "GLUE_FILES", "load_glue_task", "bert_large_path"]
 
 ENTITY_SWITCH = ("ginc", "t1", "uniform")
@@ -451,6 +451,19 @@ def incontext_bayes(g: GINC, data: dict, concepts=None) -> dict:
                 target_acc=(label == tokens[:, ypos]).mean(1), label=label, probs=probs)
 
 
+def within_example_bayes(g: GINC, data: dict, concepts=None) -> dict:
+    """Bayes predictor that sees only the current example (notebook 04's regime check): each example [x_i, y_i] is
+    scored as a one-example sequence by :func:`incontext_predictive`, so p(y_i | x_i) marginalises theta and s0 under
+    their priors instead of inferring them from the earlier examples.  The gap to :func:`incontext_bayes` is what
+    in-context inference is worth.  Returns dict(target_nll [n], target_acc [n])."""
+    tokens = np.asarray(data["tokens"])
+    n, L, k = len(tokens), data["example_len"], data["n_examples"]
+    ex = np.concatenate([tokens, np.zeros((n, 1), tokens.dtype)], 1).reshape(n * k, L + 1)[:, :L]   # [n k, L]
+    p = incontext_predictive(g, ex, L, concepts)[:, L - 1]                          # p(y | x of its example)  [n k, K]
+    nll = -np.log(np.clip(p[np.arange(n * k), ex[:, L - 1]], 1e-300, None)).reshape(n, k)
+    return dict(target_nll=nll.mean(1), target_acc=(p.argmax(-1) == ex[:, L - 1]).reshape(n, k).mean(1))
+
+
 # ----------------------------------------------------------------------------------------------- n-gram baselines
 class NGram:
     """Add-k smoothed n-gram model (order 1 = unigram, 2 = bigram, 3 = trigram; notebook 04 baselines):
@@ -511,7 +524,7 @@ def ngram_baselines(train: dict, test: dict, vocab_size: int, orders=(1, 2, 3), 
     Returns DataFrame(order, name, k, fit_on, target_nll, full_nll, target_acc)."""
     if fit_on not in ("targets", "all"):
         raise ValueError(f"fit_on={fit_on!r} must be 'targets' or 'all'")
-    names = {1: "unigram", 2: "bigram", 3: "trigram"}
+    names = {1: "unigram", 2: "bigram", 3: "trigram", 4: "4-gram"}
     tt = np.asarray(test["tokens"])
     full = np.ones(tt.shape, bool)
     full[:, 0] = False

@@ -17,6 +17,9 @@ training loop, the naive grid and the MASS runs, and the real-data part (GLUE st
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -30,17 +33,21 @@ from torch.utils.data import DataLoader
 from moelab import assets, progress
 from moelab import train as mtrain
 from moelab.core import diagnostics, moe_layers
+from moelab.cache import memo
 from moelab.core.convert import moeify
 from moelab.mass.data import (GINCConfig, build_ginc, incontext_bayes, ngram_baselines, sample_documents,
-                              sample_incontext)
+                              sample_incontext, within_example_bayes)
 from moelab.mass.method import (DynMoEAdapter, MassConfig, MassExpander, MassLayerExpander, mass_settings,
                                 slots_delta, top_p_weights, topk_weights)
 from moelab.seed import seed_everything
+from moelab.suite import textcls
 
 __all__ = ["sinusoidal_positions", "StackedMoETransformer", "train_stacked", "lr_factor", "LR_DECAYS",
            "run_naive_groups", "eval_per_sequence", "evaluate_stacked", "collect_routing", "SynthSetup", "EVAL_SPLITS", "reference_levels",
            "run_naive", "run_mass", "run_from_config", "GLUE_METHODS", "GlueStandinConfig", "MiniLMClassifier",
-           "glue_standin", "run_glue_standin"]
+           "glue_standin", "run_glue_standin", "resolve_device", "DEVICES", "NGRAM_K_GRID", "mass_config",
+           "cached_reference_levels", "naive_frontier", "mass_start_runs", "topk_sweep", "task_digest",
+           "run_glue_standin_cached", "glue_part"]
 
 
 # ----------------------------------------------------------------------------------------------- model
@@ -190,6 +197,11 @@ def _nll(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor | None =
     return (ce * w).sum(-1) / w.sum(-1)
 
 
+def _autocast(device: str):
+    """bf16 autocast on CUDA (the GPU path), nothing on CPU (float32, numerically today's path)."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else contextlib.nullcontext()
+
+
 # ----------------------------------------------------------------------------------------------- training
 LR_DECAYS = ("none", "cosine")
 
@@ -209,7 +221,7 @@ def train_stacked(model: StackedMoETransformer, docs: np.ndarray, *, steps: int,
                   warmup_frac: float = 0.05, seed: int = 0, aux_loss=None, after_backward=None, after_step=None,
                   log_every: int = 10, desc: str = "stacked MoE", router_frozen: bool = False,
                   progress_bar: bool | None = None, loss_mask: np.ndarray | None = None,
-                  decay: str = "none") -> pd.DataFrame:
+                  decay: str = "none", device: str = "cpu") -> pd.DataFrame:
     """Adam on the sum over models of each model's mean CE (models independent: disjoint parameters, elementwise Adam;
     MASS Sec. 4.1, notebook 04).  docs [n, S+1] token ids, drawn in a seeded order; ``loss_mask`` [n, S+1] bool: score
     only those tokens (the in-context format's targets y; None: every next token).  Hook points as in ``moelab.train``: ``aux_loss(step, model)``
@@ -222,15 +234,20 @@ def train_stacked(model: StackedMoETransformer, docs: np.ndarray, *, steps: int,
     step where it has more than one active expert raises RuntimeError (run named ``desc``, model index) unless
     ``router_frozen`` (a single active expert has probability 1 under any rule: nothing to route, nothing to learn;
     ``active_experts`` is logged).  ``decay``: the learning-rate schedule after warm-up (:func:`lr_factor`).
-    ``progress_bar``: a bar over the steps (None: follow ``MOELAB_PROGRESS``)."""
+    ``progress_bar``: a bar over the steps (None: follow ``MOELAB_PROGRESS``).  ``device``: "cpu" (float32, one
+    thread: the path every committed CPU number comes from), "cuda" (the model is moved there and the forward pass
+    runs under bf16 autocast; Adam's state and the loss stay float32) or "auto" (:func:`resolve_device`)."""
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps={steps} and batch_size={batch_size} must be >= 1")
-    docs_t = torch.as_tensor(docs, dtype=torch.long)
-    mask_t = None if loss_mask is None else torch.as_tensor(np.asarray(loss_mask, bool))
+    dev = resolve_device(device)
+    model.to(dev)
+    docs_t = torch.as_tensor(docs, dtype=torch.long, device=dev)
+    mask_t = None if loss_mask is None else torch.as_tensor(np.asarray(loss_mask, bool), device=dev)
     if mask_t is not None and mask_t.shape != docs_t.shape:
         raise ValueError(f"loss_mask shape {tuple(mask_t.shape)} != docs shape {tuple(docs_t.shape)}")
     rng = np.random.default_rng(seed)
-    torch.set_num_threads(1)   # many small ops: one thread is ~10x faster than two on the shared, loaded CPU
+    if dev == "cpu":
+        torch.set_num_threads(1)   # many small ops: one thread is ~10x faster than two on the shared, loaded CPU
     opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=True)
     if decay not in LR_DECAYS:
         raise ValueError(f"decay={decay!r} must be one of {LR_DECAYS}")
@@ -240,11 +257,12 @@ def train_stacked(model: StackedMoETransformer, docs: np.ndarray, *, steps: int,
     model.train()
     bar = progress.bar(total=steps, desc=desc, unit="step", disable=None if progress_bar is None else not progress_bar)
     for step in range(steps):
-        rows_i = rng.integers(0, len(docs_t), batch_size)
+        rows_i = torch.as_tensor(rng.integers(0, len(docs_t), batch_size), device=dev)
         batch = docs_t[rows_i]
         bmask = None if mask_t is None else mask_t[rows_i]
-        logits = model(batch[:, :-1])
-        per_model = _nll(logits, batch, bmask).mean(1)              # [M]
+        with _autocast(dev):
+            logits = model(batch[:, :-1])
+        per_model = _nll(logits.float(), batch, bmask).mean(1)      # [M]
         loss = per_model.sum()
         logged = step % log_every == 0 or step == steps - 1
         if logged:   # task gradient of each gate: models are independent, so d(sum_m CE_m)/dW_g[m] = dCE_m/dW_g[m]
@@ -289,18 +307,21 @@ def evaluate_stacked(model: StackedMoETransformer, docs: np.ndarray, mask: np.nd
     of the in-context format; None: tokens 1..S), full_nll [M, n] over tokens 1..S, acc [M, n] (argmax == token)
     over the tokens of ``mask``)."""
     model.eval()
-    docs_t = torch.as_tensor(docs, dtype=torch.long)
-    mask_t = None if mask is None else torch.as_tensor(np.asarray(mask, bool))
+    dev = model.pe.device.type
+    docs_t = torch.as_tensor(docs, dtype=torch.long, device=dev)
+    mask_t = None if mask is None else torch.as_tensor(np.asarray(mask, bool), device=dev)
     nll, full, acc = [], [], []
     for i, b in enumerate(docs_t.split(chunk)):
         bm = None if mask_t is None else mask_t[i * chunk: i * chunk + len(b)]
-        logits = model(b[:, :-1])                                              # [M, B, S, V]
+        with _autocast(dev):
+            logits = model(b[:, :-1])                                          # [M, B, S, V]
+        logits = logits.float()
         nll.append(_nll(logits, b, bm))
         full.append(_nll(logits, b))
         hit = (logits.argmax(-1) == b[None, :, 1:]).to(torch.float64)          # [M, B, S]
         w = torch.ones_like(hit[0]) if bm is None else bm[:, 1:].to(torch.float64)
         acc.append((hit * w).sum(-1) / w.sum(-1))
-    return dict(nll=torch.cat(nll, 1).numpy(), full_nll=torch.cat(full, 1).numpy(), acc=torch.cat(acc, 1).numpy())
+    return {k: torch.cat(v, 1).cpu().numpy() for k, v in dict(nll=nll, full_nll=full, acc=acc).items()}
 
 
 @torch.no_grad()
@@ -311,17 +332,33 @@ def collect_routing(model: StackedMoETransformer, docs: np.ndarray, chunk: int =
     if which not in ("weights", "probs"):
         raise ValueError(f"which={which!r} must be 'weights' or 'probs'")
     model.eval()
-    docs_t = torch.as_tensor(docs, dtype=torch.long)
+    dev = model.pe.device.type
+    docs_t = torch.as_tensor(docs, dtype=torch.long, device=dev)
     ws = []
     for b in docs_t.split(chunk):
-        model(b[:, :-1])
+        with _autocast(dev):
+            model(b[:, :-1])
         w = model.last_weights if which == "weights" else model.last_probs
-        ws.append(w.reshape(model.M, b.shape[0], -1, model.E))
+        ws.append(w.float().reshape(model.M, b.shape[0], -1, model.E).cpu())
     return torch.cat(ws, 1).reshape(model.M, -1, model.E).numpy()
 
 
 
 # ----------------------------------------------------------------------------------------------- experiment drivers
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def resolve_device(device: str) -> str:
+    """"auto" -> "cuda" when a GPU is present, else "cpu"; "cuda" without a GPU raises ValueError."""
+    if device not in DEVICES:
+        raise ValueError(f"device={device!r} must be one of {DEVICES}")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but no CUDA device is present: use device='auto' or 'cpu'")
+    return device
+
+
 DATA_FORMATS = ("documents", "incontext")
 # held-out splits: independent draws of the same process, seeded data_seed + offset (train: data_seed)
 EVAL_SPLITS = {"test": 1000, "validation": 2000}
@@ -337,7 +374,10 @@ class SynthSetup:
     and ``seq_len`` is ignored).  ``entity_switch``: :class:`moelab.mass.data.GINCConfig`'s switching rule.
     ``eval_split``: which held-out draw :meth:`data` returns as its third element ("test": seed data_seed + 1000;
     "validation": data_seed + 2000, the only split model settings are chosen on, ``scripts/tune_04.py``).
-    ``attn_layers``: attention layers of :class:`StackedMoETransformer` (1: the paper's one-layer model)."""
+    ``attn_layers``: attention layers of :class:`StackedMoETransformer` (1: the paper's one-layer model).
+    ``n_entities``, ``n_properties``, ``n_symbols``: the GINC family (10/10/50: GINC's scripts; 5/5/10: the defaults
+    of GINC's generator).  ``device``: "auto" (CUDA with bf16 autocast when present, else CPU in float32), "cuda" or
+    "cpu"."""
     d_model: int = 32
     n_heads: int = 2
     seq_len: int = 16
@@ -356,8 +396,13 @@ class SynthSetup:
     entity_switch: str = "t1"
     eval_split: str = "test"
     attn_layers: int = 1
+    n_entities: int = 10
+    n_properties: int = 10
+    n_symbols: int = 50
+    device: str = "auto"
 
     def __post_init__(self):
+        resolve_device(self.device)
         if self.attn_layers < 1:
             raise ValueError(f"attn_layers={self.attn_layers} must be >= 1 (1: the paper's one-layer model)")
         if self.eval_split not in EVAL_SPLITS:
@@ -381,7 +426,17 @@ class SynthSetup:
         return self.seq_len
 
     def ginc(self):
-        return build_ginc(GINCConfig(seed=self.ginc_seed, entity_switch=self.entity_switch))
+        return build_ginc(GINCConfig(seed=self.ginc_seed, entity_switch=self.entity_switch, n_entities=self.n_entities,
+                                     n_properties=self.n_properties, n_symbols=self.n_symbols))
+
+    @property
+    def torch_device(self) -> str:
+        """The device runs train on: "cuda" or "cpu" (``device="auto"``: CUDA when present)."""
+        return resolve_device(self.device)
+
+    def key(self) -> dict:
+        """Cache key of the setup: its fields with the device resolved (a GPU run, bf16, is not a CPU run)."""
+        return dict(vars(self), device=self.torch_device)
 
     def data(self):
         """(GINC family, train, test) -- all seeded.  documents: train = tokens [steps*B, S+1], test = dict(tokens,
@@ -406,22 +461,37 @@ class SynthSetup:
         return (data["tokens"] if isinstance(data, dict) else data), None
 
 
-def reference_levels(setup: SynthSetup) -> pd.DataFrame:
-    """Reference levels of the in-context task on the setup's held-out draw (MASS Sec. 4.1; notebook 04, issue 18
-    item 1): the exact Bayes floor (:func:`moelab.mass.data.incontext_bayes`) and add-1 n-gram baselines fitted on
-    the setup's training draw, on the targets y (n-grams counted on the targets, ``fit_on="targets"``, and on every
-    position, ``"all"``) and on the full sequence.  Returns DataFrame(name, fit_on, target_nll, full_nll,
-    target_acc) with the Bayes row first."""
+NGRAM_K_GRID = (0.01, 0.03, 0.1, 0.3, 1.0)
+
+
+def reference_levels(setup: SynthSetup, orders=(1, 2, 3, 4), k_grid=NGRAM_K_GRID) -> pd.DataFrame:
+    """Reference levels of the in-context task on the setup's held-out draw (MASS Sec. 4.1; notebook 04's regime
+    check): the exact Bayes floor (:func:`moelab.mass.data.incontext_bayes`), the Bayes predictor that sees only the
+    current example (:func:`moelab.mass.data.within_example_bayes`), and add-k n-grams of ``orders`` fitted on the
+    SAME training draw the models see (``steps x batch_size`` sequences of the setup), counted on the targets
+    (``fit_on="targets"``) and on every position ("all"), with k chosen from ``k_grid`` by the target NLL of an
+    independent validation draw (seed data_seed + 2000; the test draw is never used to choose).  Returns
+    DataFrame(name, order, fit_on, k, target_nll, full_nll, target_acc, val_target_nll), the Bayes row first."""
     if setup.data_format != "incontext":
         raise ValueError(f"reference_levels needs data_format='incontext', got {setup.data_format!r}")
     g, train, test = setup.data()
-    b = incontext_bayes(g, test)
-    rows = [dict(name="Bayes", fit_on="exact", target_nll=float(b["target_nll"].mean()),
-                 full_nll=float(b["full_nll"].mean()), target_acc=float(b["target_acc"].mean()))]
+    val = sample_incontext(g, setup.n_test, setup.n_examples, setup.example_len,
+                           seed=setup.data_seed + EVAL_SPLITS["validation"])
+    b, w = incontext_bayes(g, test), within_example_bayes(g, test)
+    rows = [dict(name="Bayes", order=0, fit_on="exact", k=np.nan, target_nll=float(b["target_nll"].mean()),
+                 full_nll=float(b["full_nll"].mean()), target_acc=float(b["target_acc"].mean()),
+                 val_target_nll=float(incontext_bayes(g, val)["target_nll"].mean())),
+            dict(name="within-example Bayes", order=0, fit_on="exact", k=np.nan,
+                 target_nll=float(w["target_nll"].mean()), full_nll=np.nan, target_acc=float(w["target_acc"].mean()),
+                 val_target_nll=float(within_example_bayes(g, val)["target_nll"].mean()))]
     for fit_on in ("targets", "all"):
-        ng = ngram_baselines(train, test, g.cfg.n_symbols, fit_on=fit_on)
-        rows += [dict(name=r.name, fit_on=fit_on, target_nll=r.target_nll, full_nll=r.full_nll,
-                      target_acc=r.target_acc) for r in ng.itertuples()]
+        for o in orders:
+            on_val = {k: float(ngram_baselines(train, val, g.cfg.n_symbols, orders=(o,), k=k, fit_on=fit_on)
+                               .target_nll[0]) for k in k_grid}
+            k = min(on_val, key=on_val.get)                                   # add-k chosen on validation
+            r = ngram_baselines(train, test, g.cfg.n_symbols, orders=(o,), k=k, fit_on=fit_on).iloc[0]
+            rows.append(dict(name=r["name"], order=o, fit_on=fit_on, k=k, target_nll=float(r.target_nll),
+                             full_nll=float(r.full_nll), target_acc=float(r.target_acc), val_target_nll=on_val[k]))
     return pd.DataFrame(rows)
 
 
@@ -456,7 +526,7 @@ def run_naive(setup: SynthSetup, configs: list[tuple[int, int, int]], keep_routi
                                       attn_layers=setup.attn_layers)
         h = train_stacked(model, tr_tok, steps=setup.steps, batch_size=setup.batch_size, lr=setup.lr,
                           seed=setup.data_seed, desc=f"naive {len(cf)} models, {slots} slots", loss_mask=tr_mask,
-                          decay=setup.lr_decay)
+                          decay=setup.lr_decay, device=setup.torch_device)
         h[["num_experts", "top_k", "seed"]] = np.asarray(cf)[h.model.to_numpy()]
         hists.append(h.drop(columns="model"))
         ev = evaluate_stacked(model, te_tok, te_mask)
@@ -486,7 +556,7 @@ def run_naive_groups(setup: SynthSetup, configs: list[tuple[int, int, int]], kee
     for E, idx in groups.items():
         cf = [tuple(configs[i]) for i in idx]
         compute = (lambda cf=cf: run_naive(setup, cf, keep_routing=keep_routing))
-        res = compute() if cache is None else cache("mass_naive_group", dict(setup=vars(setup), configs=cf,
+        res = compute() if cache is None else cache("mass_naive_group", dict(setup=setup.key(), configs=cf,
                                                                               keep_routing=keep_routing), compute)
         items[idx] = res["item_losses"]
         for j, i in enumerate(idx):
@@ -519,12 +589,12 @@ def run_mass(setup: SynthSetup, mass_cfg: MassConfig, seeds, init_experts: int |
     ex = MassExpander(mass_cfg, R)
     hist = train_stacked(model, tr_tok, steps=setup.steps, batch_size=setup.batch_size, lr=setup.lr,
                          seed=setup.data_seed, aux_loss=ex.redundancy_loss, after_backward=ex.after_backward,
-                         desc=f"MASS {R} runs", loss_mask=tr_mask, decay=setup.lr_decay)
+                         desc=f"MASS {R} runs", loss_mask=tr_mask, decay=setup.lr_decay, device=setup.torch_device)
     ev = evaluate_stacked(model, te_tok, te_mask)
     w = collect_routing(model, te_tok)                                  # [R, N, E]
     p = collect_routing(model, te_tok, which="probs")
     events = pd.DataFrame(ex.events, columns=["step", "model", "kind", "expert", "new", "p", "cos"])
-    table = pd.DataFrame(dict(seed=list(seeds), init_experts=init, final_experts=model.active.sum(1).numpy(),
+    table = pd.DataFrame(dict(seed=list(seeds), init_experts=init, final_experts=model.active.sum(1).cpu().numpy(),
                               mean_active=(w > 0).sum(-1).mean(1), test_loss=ev["nll"].mean(1),
                               test_full_loss=ev["full_nll"].mean(1), test_acc=ev["acc"].mean(1),
                               stop_reason=[r or "phase_end" for r in ex.stop_reason],
@@ -778,3 +848,99 @@ def run_glue_standin(tasks: dict, methods, seeds, cfg: GlueStandinConfig) -> tup
                                        correct=r["correct"])))
     return pd.DataFrame(rows), pd.concat(items, ignore_index=True)
 
+
+
+# ----------------------------------------------------------------------------------------------- notebook 04's runs
+# What each section of notebook 04 calls: the runs above, each cached through ``moelab.cache.memo`` one piece at a
+# time (a reference table, an expert count, a MASS start size, a GLUE cell), so a stopped profile resumes there.
+def mass_config(setup: SynthSetup, start: int) -> MassConfig:
+    """The public code's MASS settings at the setup's schedule (MASS Sec. 3.4; notebook 04 section 3): warm-up
+    max(30, .05T), window max(60, .09T), delta = 0.001 at the public 256x1024 W1 scaled to d x d, start ``start``."""
+    return MassConfig.public(setup.steps, delta=slots_delta(setup.d_model), max_experts=setup.max_experts,
+                             init_experts=int(start))
+
+
+def cached_reference_levels(setup: SynthSetup, cache=memo) -> pd.DataFrame:
+    """:func:`reference_levels` through ``cache`` (notebook 04 section 1)."""
+    return cache("mass_reference_levels", dict(setup=setup.key()), lambda: reference_levels(setup))
+
+
+def naive_frontier(setup: SynthSetup, counts, ks, seeds, cache=memo) -> dict:
+    """The naive grid of Fig. 2 left (MASS Sec. 4.3; notebook 04 section 2): every (E, min(k, E), seed), cached per
+    expert count (:func:`run_naive_groups`).  Returns its dict plus ``items``: DataFrame(num_experts, top_k, seed,
+    item, loss) of per-sequence target NLL."""
+    configs = list(dict.fromkeys((int(E), min(int(k), int(E)), int(s)) for E in counts for k in ks for s in seeds))
+    res = run_naive_groups(setup, configs, cache=cache)
+    res["items"] = pd.concat([pd.DataFrame(dict(num_experts=r.num_experts, top_k=r.top_k, seed=r.seed,
+                                                item=np.arange(len(l)), loss=np.round(l, 5)))
+                              for r, l in zip(res["table"].itertuples(), res["item_losses"])], ignore_index=True)
+    return res
+
+
+def mass_start_runs(setup: SynthSetup, starts, seeds, cache=memo) -> dict:
+    """MASS from every start size in ``starts`` with ``seeds`` (MASS Alg. 1; notebook 04 section 3), each start
+    cached on its own.  Returns dict(table: the runs of every start (seed, init_experts, final_experts, mean_active,
+    test_loss, ...); items: DataFrame(init_experts, seed, item, loss); events and trace with ``init_experts``;
+    probs/routing [R, N, E] of all runs in table order; by_start: {start: :func:`run_mass` output}; configs:
+    {start: MassConfig})."""
+    seeds = [int(s) for s in seeds]
+    by_start, configs = {}, {}
+    for s0 in starts:
+        mc = configs[int(s0)] = mass_config(setup, s0)
+        by_start[int(s0)] = cache("mass_runs", dict(setup=setup.key(), mcfg=vars(mc), seeds=seeds),
+                                  lambda mc=mc: run_mass(setup, mc, seeds))
+    res = list(by_start.values())
+    items = [pd.DataFrame(dict(init_experts=s0, seed=s, item=np.arange(len(l)), loss=np.round(l, 5)))
+             for s0, r in by_start.items() for s, l in zip(r["table"].seed, r["item_losses"])]
+    return dict(table=pd.concat([r["table"] for r in res], ignore_index=True),
+                items=pd.concat(items, ignore_index=True),
+                events=pd.concat([r["events"].assign(init_experts=s0) for s0, r in by_start.items()], ignore_index=True),
+                trace=pd.concat([r["trace"].assign(init_experts=s0) for s0, r in by_start.items()], ignore_index=True),
+                probs=np.concatenate([r["probs"] for r in res]), routing=np.concatenate([r["routing"] for r in res]),
+                by_start=by_start, configs=configs)
+
+
+def topk_sweep(setup: SynthSetup, num_experts: int, ks, seeds, cache=memo) -> dict:
+    """Naive models with ``num_experts`` experts over top-k (Fig. 2 right; notebook 04 section 4), routing kept for
+    Fig. 3 (the naive arm at a matched pool)."""
+    E = int(np.clip(num_experts, 1, setup.max_experts))
+    configs = [(E, int(k), int(s)) for k in sorted(set(ks)) if k <= E for s in seeds]
+    return run_naive_groups(setup, configs, keep_routing=True, cache=cache)
+
+
+def task_digest(task: dict) -> str:
+    """16-hex sha256 of a task's splits (texts and labels), so a cached GLUE run is keyed by the data it saw."""
+    return hashlib.sha256(json.dumps(task, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def run_glue_standin_cached(tasks: dict, methods, seeds, cfg: GlueStandinConfig,
+                            cache=memo) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """:func:`run_glue_standin` one (task, method, seed) at a time through ``cache``, keyed by the task's data digest,
+    the method, the seed and the configuration (runs seed themselves, so the result does not depend on which cells
+    came from the cache).  Same return value (runs, items)."""
+    methods, seeds = list(methods), list(seeds)
+    if not tasks or not methods or not seeds:
+        raise ValueError(f"need tasks, methods and seeds, got {len(tasks or {})} tasks, methods={methods}, seeds={seeds}")
+    runs, items = [], []
+    for name, task in tasks.items():
+        digest = task_digest(task)
+        for method in methods:
+            for seed in seeds:
+                r, it = cache("mass_glue_run", dict(task=name, data=digest, method=method, seed=int(seed),
+                                                    cfg=vars(cfg)),
+                              lambda name=name, task=task, method=method, seed=seed:
+                              run_glue_standin({name: task}, [method], [seed], cfg))
+                runs.append(r)
+                items.append(it)
+    return pd.concat(runs, ignore_index=True), pd.concat(items, ignore_index=True)
+
+
+def glue_part(glue, smoke: bool = False, cache=memo) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """The real-data part (MASS Sec. 4.4 stand-in; notebook 04 section 6) for a :class:`moelab.mass.config.GlueProfile`
+    (None: not in this profile): the suite's text classification tasks (``smoke``: the smoke subset), every method
+    and seed, cached run by run.  Returns (runs, items) or None."""
+    if glue is None:
+        return None
+    tasks = textcls.tasks("smoke" if smoke else "full", None if glue.tasks is None else list(glue.tasks))
+    return run_glue_standin_cached(tasks, glue.methods, glue.seeds, GlueStandinConfig(**glue.standin_config()),
+                                   cache=cache)

@@ -368,10 +368,10 @@ class _StackedView:
         self.model, self.m, self.opt, self.nll_fn, self.gn = model, m, optimizer, nll_fn, gn
 
     def active(self):
-        return np.flatnonzero(self.model.active[self.m].numpy())
+        return np.flatnonzero(self.model.active[self.m].cpu().numpy())
 
     def free(self):
-        return np.flatnonzero(~self.model.active[self.m].numpy())
+        return np.flatnonzero(~self.model.active[self.m].cpu().numpy())
 
     def n_active(self):
         return int(self.model.active[self.m].sum())
@@ -435,7 +435,7 @@ class MassExpander:
     def after_backward(self, step: int, model, optimizer) -> None:
         if model.E != self.cfg.max_experts:
             raise ValueError(f"model has {model.E} slots but max_experts={self.cfg.max_experts}")
-        gn = model.w1.grad.flatten(2).norm(dim=-1)                                  # ||grad W1_e||_F  [M, E]
+        gn = model.w1.grad.flatten(2).norm(dim=-1).float().cpu()                    # ||grad W1_e||_F  [M, E]
         for m, pool in enumerate(self.pools):
             pool.after_backward(step, _StackedView(model, m, optimizer, self.nll_fn, gn))
 
