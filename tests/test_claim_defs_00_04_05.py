@@ -177,12 +177,15 @@ def test_04_jsd_scores_the_gate_softmax_reading(tmp_path):
     assert isinstance(ev, Seeds) and np.allclose(ev.a, 0.115)
 
 
-def test_04_active_experts_is_arithmetic_with_pools_of_two(tmp_path):
-    runs = pd.DataFrame(dict(seed=range(5), final_experts=[2, 2, 3, 2, 4], mean_active=[1, 1, 1.002, 1, 1.0],
-                             test_loss=2.0))
+def test_04_active_experts_needs_runs_that_expanded(tmp_path):
+    """Only runs whose pool grew beyond their start test MASS's adaptive pool; unexpanded runs (every pool of 2,
+    and the start-4 runs that stayed at 4) are outside the regime, never 'contradicted'."""
+    runs = pd.DataFrame(dict(seed=range(5), init_experts=[2, 2, 2, 4, 4], final_experts=[2, 2, 3, 4, 4],
+                             mean_active=[1, 1, 1.002, 1, 1.0], test_loss=2.0))
     T = _folder(tmp_path, {"fig2_mass_runs": runs})
     ev = nb04.active_experts_evidence(T)   # a training outcome: never "by construction" (issue 32)
-    assert isinstance(ev, Insufficient) and "exactly one expert" in ev.reason
+    assert isinstance(ev, OutsideRegime) and "1 of 5 MASS runs expanded" in ev.reason and "4->4" in ev.reason
+    runs.loc[:, "init_experts"] = 8
     runs.loc[:, "final_experts"] = [8, 9, 12, 10, 11]
     runs.loc[:, "mean_active"] = [1.0, 1.1, 1.2, 1.0, 1.1]
     (tmp_path / "y").mkdir()

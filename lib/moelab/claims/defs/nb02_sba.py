@@ -172,14 +172,38 @@ def separation_gate(T, bench: str) -> str | None:
             f"{100 * r['baseline_ci_high']:.1f} (points x100); raise the set's size")
 
 
+PHASE_C = "train_runs"   # one row per phase-(c) fine-tuning run: aggregation, seed, val_mnrl_first / _last
+# Phase (c) must have trained the arms it compares: the median run's validation MNRL falls by at least this share
+# from its first to its last evaluation (the suite's "still moving" threshold, moelab.train.flattened's tol). Below
+# it, an arm's score is the phase-(b) checkpoint's under that aggregation (the swap), not a fine-tuned model's.
+MIN_PHASE_C_FALL = 0.02
+
+
+def phase_c_gate(T) -> str | None:
+    """The reason phase (c) did not train the reference arm (linear) that every Table I/II claim compares against,
+    or None (also when the run saved no phase-(c) table)."""
+    if not T.has(PHASE_C):
+        return None
+    d = T.csv(PHASE_C)
+    fall = (d["val_mnrl_first"] - d["val_mnrl_last"]) / d["val_mnrl_first"]
+    med = fall.groupby(d["aggregation"]).median()
+    if "linear" not in med or med["linear"] >= MIN_PHASE_C_FALL:
+        return None
+    arms = ", ".join(f"{a} {100 * v:+.1f}%" for a, v in med.items())
+    return (f"phase (c) did not train the linear arm: median relative fall of the validation MNRL {arms} "
+            f"(needs >= {100 * MIN_PHASE_C_FALL:g}%), so each arm's score is essentially the one phase-(b) "
+            "checkpoint under that aggregation and the 'seeds' are data-order repeats of one checkpoint")
+
+
 def table_regime(bench: str):
     """The regime check of every Table I/II claim on ``bench`` (issue 32: a gate that does not look at the answer):
     phase (b) reached the paper's regime (:func:`regime_gate`) and ``bench`` separates MiniLM from the baselines
     (:func:`separation_gate`)."""
     def regime(T) -> Regime:
-        check = ("phase (b) stopped by its plateau rule with a majority of active pairs > 40 deg apart, and the "
+        check = ("phase (b) stopped by its plateau rule with a majority of active pairs > 40 deg apart, phase (c) "
+                 f"trained the linear arm (validation MNRL fell >= {100 * MIN_PHASE_C_FALL:g}%), and the "
                  f"benchmark {bench} separates MiniLM from the bag-of-words and random baselines")
-        why = [w for w in (regime_gate(T), separation_gate(T, bench)) if w]
+        why = [w for w in (regime_gate(T), phase_c_gate(T), separation_gate(T, bench)) if w]
         if why:
             return Regime(check, "; ".join(why), False)
         if not (T.has(PHASE_B) and T.has(REGIME_GEO)):
