@@ -1,7 +1,8 @@
 """Issue 22 phase B: the pieces notebook 05 added, each against a naive reference on a tiny Llama or a hand-made
-table: accuracy and answer likelihood from one scorer call (``item_metrics``), each (item, mask) pair scored once
-across methods (``evaluate_methods``), bands selected on answer likelihood with the test items swept in the same
-passes but never used for selection (``dowp_select(select_by=, test_by_sub=)``), the off-domain probe's routing
+table: accuracy beside the choice-normalised gold probability from one scorer call (``item_metrics``, issue 35),
+each (item, mask) pair scored once across methods (``evaluate_methods``), bands selected on the paper's grid with a
+gate and the test items swept in the same passes but never used for selection (``select_with_gate``,
+``dowp_select(test_by_sub=)``), the off-domain probe's routing
 (``eq3_keys(as_domain=)``), the primary-metric rule, the baselines beside the models, and what one domain's masks do
 to the other domains (``cross_domain_summary``)."""
 import math
@@ -28,25 +29,31 @@ def _free_items():
     return [dict(id=f"f{i}", task="free", prompt=t[:10], answer=t[10:]) for i, t in enumerate(TEXTS[3:])]
 
 
-# ---------------------------------------------------------------- accuracy and likelihood from one call
+# ---------------------------------------------------------------- accuracy and choice-normalised score from one call
 def test_item_metrics_match_naive(model, tok):
     items = _mc_items() + _free_items()
     got = fm.item_metrics(model, tok, items, batch_size=3)
-    assert got.shape == (len(items), len(fm.ITEM_METRICS)) and fm.ITEM_METRICS == ("acc", "loglik", "pick")
+    assert fm.ITEM_METRICS == ("score", "acc", "acc_norm", "p_gold", "p_gold_norm", "loglik", "pick")
+    assert got.shape == (len(items), len(fm.ITEM_METRICS))
+    col = {c: j for j, c in enumerate(fm.ITEM_METRICS)}
     for k, it in enumerate(items):
         if "choices" in it:
-            lp, n = fm.continuation_logprobs(model, tok, [it["prompt"]] * 3, it["choices"])
-            pick = int(np.argmax(lp))
-            assert got[k, 2] == pick and got[k, 0] == float(pick == it["label"])
-            assert got[k, 1] == pytest.approx(lp[it["label"]] / n[it["label"]], abs=1e-4)
+            lp, _ = fm.continuation_logprobs(model, tok, [it["prompt"]] * 3, it["choices"])
+            pick, gold = int(np.argmax(lp)), it["label"]
+            p = np.exp(lp - lp.max()) / np.exp(lp - lp.max()).sum()                     # naive softmax over options
+            ln = np.array([len(c.removeprefix(" ")) for c in it["choices"]], float)
+            z = lp / ln
+            pn = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+            assert got[k, col["pick"]] == pick and got[k, col["acc"]] == float(pick == gold)
+            assert got[k, col["acc_norm"]] == float(int(np.argmax(z)) == gold)
+            assert got[k, col["p_gold"]] == pytest.approx(p[gold], abs=1e-4) == got[k, col["score"]]
+            assert got[k, col["p_gold_norm"]] == pytest.approx(pn[gold], abs=1e-4)
+            assert np.isnan(got[k, col["loglik"]])                          # raw gold likelihood: reported nowhere
         else:
-            assert np.isnan(got[k, 0]) and np.isnan(got[k, 2])
-            assert got[k, 1] == pytest.approx(fm.answer_logprob(model, tok, [it])[0], abs=1e-4)
-    np.testing.assert_allclose(fm.score_items(model, tok, items), np.where(np.isnan(got[:, 0]), got[:, 1], got[:, 0]),
-                               atol=1e-5)
-    lik = [fm.as_likelihood_item(it) for it in items]               # the gold option as a free answer
-    assert all("choices" not in it for it in lik) and lik[0]["answer"] == items[0]["choices"][0]
-    np.testing.assert_allclose(fm.item_metrics(model, tok, lik)[:, 1], got[:, 1], atol=1e-4)
+            assert np.isnan(got[k, [col["acc"], col["p_gold"], col["pick"]]]).all()
+            assert got[k, col["loglik"]] == pytest.approx(fm.answer_logprob(model, tok, [it])[0], abs=1e-4)
+            assert got[k, col["score"]] == got[k, col["loglik"]]
+    np.testing.assert_allclose(fm.score_items(model, tok, items), got[:, 0], atol=1e-5)
     with pytest.raises(ValueError, match="neither 'choices' nor 'answer'"):
         fm.item_metrics(model, tok, [dict(id="x", prompt="p")])
 
@@ -68,12 +75,15 @@ def test_evaluate_methods_shares_item_mask_pairs(model, tok):
         return fm.item_metrics(m, tok, its, batch_size=2)
     got = fm.evaluate_methods(model, tok, items, routes, score_fn=score_fn, columns=fm.ITEM_METRICS)
     assert sum(calls) == n + n + 2                                  # dense once, DOWP once, only the misrouted twice
-    assert list(got.columns) == ["method", "task", "id", "acc", "loglik", "pick"] and len(got) == 3 * n
+    assert list(got.columns) == ["method", "task", "id", *fm.ITEM_METRICS] and len(got) == 3 * n
     for method, (keys, ms) in routes.items():                       # naive: every method on its own
         ref = fm.routed_scores(model, tok, items, keys or [None] * n, ms or {}, batch_size=2,
                                score_fn=lambda m, its: fm.item_metrics(m, tok, its))
         g = got[got.method == method]
         np.testing.assert_allclose(g[list(fm.ITEM_METRICS)].to_numpy(), ref, atol=1e-4)
+    long = fm.to_long(got)
+    assert set(long.metric) == {"acc", "acc_norm", "p_gold", "p_gold_norm", "loglik"}
+    assert (long[long.metric == "loglik"].task == "free").all()     # multiple choice has no raw-likelihood row
     one = fm.evaluate_methods(model, tok, _free_items(), {"BASELINE": (None, None)})
     assert list(one.columns) == ["method", "task", "id", "score"]
     with pytest.raises(ValueError, match="no mask for routing keys"):
@@ -82,45 +92,72 @@ def test_evaluate_methods_shares_item_mask_pairs(model, tok):
         fm.evaluate_methods(model, tok, items, {"X": (["a"], masks)})
 
 
-# ---------------------------------------------------------------- selection on likelihood, test swept beside it
-def test_dowp_select_by_loglik_with_test_sweep(model, tok):
+# ---------------------------------------------------------------- selection: paper grid, Wanda a baseline row, gate
+def test_select_with_gate_matches_naive():
+    rng = np.random.default_rng(5)
+    rows = []
+    for c, shift in (("g-mc_0", 0.08), ("g-mc_1", 0.0)):            # one cluster with a real gain, one without
+        base = rng.uniform(0.2, 0.6, 40)
+        for band, d in (("base", 0.0), ("50-55%", shift), ("95-100%", -0.05), ("0-5%", 0.5)):
+            v = base + d + (rng.normal(0, 0.02, 40) if band != "base" else 0)
+            rows += [dict(domain="g", group="g-mc", cluster=c, band=band, item=i, score=x) for i, x in enumerate(v)]
+    sw = pd.DataFrame(rows)
+    bands = [(50.0, 55.0), (95.0, 100.0)]
+    sel, table = fm.select_with_gate(sw, bands)
+    t = table.set_index("cluster")
+    for c in ("g-mc_0", "g-mc_1"):
+        w = sw[sw.cluster == c].pivot_table(index="item", columns="band", values="score")
+        best = max(["50-55%", "95-100%"], key=lambda b: w[b].mean())          # never the 0-5% baseline row
+        d = (w[best] - w["base"]).to_numpy()
+        h = t_dist.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
+        assert t.loc[c, "best_band"] == best and t.loc[c, "n_ref"] == 40
+        assert t.loc[c, "gain"] == pytest.approx(d.mean()) and t.loc[c, "lo"] == pytest.approx(d.mean() - h)
+        assert t.loc[c, "selected"] == (d.mean() - h > 0)
+        assert sel[c] == ((50.0, 55.0) if t.loc[c, "selected"] else None)
+    assert sel["g-mc_0"] == (50.0, 55.0) and sel["g-mc_1"] is None and t.loc["g-mc_1", "band"] == "base"
+    assert fm.select_with_gate(sw, bands, gate=False)[0]["g-mc_1"] is not None
+
+
+def test_dowp_select_gate_and_test_sweep(model, tok):
     mc, free = _mc_items(), _free_items()
-    ref = {"general_0": mc[:3], "code_0": free[:3]}
-    test = {"general_0": mc[3:], "code_0": free[3:]}
-    bands = [(0, 5), (50, 55), (95, 100)]
-    kw = dict(calib_tokens=256, batch_size=4, select_by="loglik")
+    ref = {"general-mc_0": mc[:3], "code-gen_0": free[:3]}
+    test = {"general-mc_0": mc[3:], "code-gen_0": free[3:]}
+    bands = [(50, 55), (95, 100)]
+    kw = dict(calib_tokens=256, batch_size=4, ratios=(1.0,))
     with_test = fm.dowp_select(model, tok, ref, bands, test_by_sub=test, **kw)
     alone = fm.dowp_select(model, tok, ref, bands, **kw)
     assert with_test.selected == alone.selected and alone.test_sweep is None      # test items never select
     pd.testing.assert_frame_equal(with_test.sweep, alone.sweep)
     sw = with_test.sweep
-    assert {"acc", "loglik", "pick", "score", "metric"} <= set(sw.columns) and set(sw.metric) == {"loglik"}
-    np.testing.assert_array_equal(sw.score, sw.loglik)
-    means = sw.groupby(["cluster", "band"]).loglik.mean()
-    for c, b in with_test.selected.items():                          # θ* = argmax of the mean reference likelihood
-        assert means[(c, fm.band_label(b))] == max(means[(c, fm.band_label(x))] for x in bands)
-    ts = with_test.test_sweep
-    assert sorted(ts.cluster.unique()) == ["code_0", "general_0"] and set(ts.band) == {"base", "0-5%", "50-55%",
-                                                                                        "95-100%"}
-    norms = fm.collect_input_norms(model, fm.tokenize_batches(tok, [fm.calibration_text(it) for it in ref["code_0"]],
-                                                              8, 256), max_tokens=256)
+    assert set(sw.band) == {"base", "50-55%", "95-100%", "0-5%"}
+    assert set(sw[sw.band == "0-5%"].role) == {"baseline"} and set(sw[sw.band == "base"].role) == {"dense"}
+    assert set(sw[sw.cluster == "general-mc_0"].kind) == {"mc"} and set(sw.group) == {"general-mc", "code-gen"}
+    mcs = sw[sw.cluster == "general-mc_0"]
+    np.testing.assert_array_equal(mcs.score, mcs.p_gold)                           # MC selects on p(gold)/Σp
+    fr = sw[sw.cluster == "code-gen_0"]
+    np.testing.assert_array_equal(fr.score, fr.loglik)
+    sel, table = fm.select_with_gate(sw, bands)
+    assert sel == with_test.selected
+    pd.testing.assert_frame_equal(table, with_test.selection)
+    for c, b in with_test.selected.items():                                      # gated -> dense, no ratio masks
+        m = with_test.masks[c]
+        assert (m["selected"] is None) == (b is None) and ("ratio1" in m) == (b is not None)
+        assert m["best"] is not None and m["0-5%"] is not None
+    texts = [fm.calibration_text(it) for it in ref["code-gen_0"]]
+    norms = fm.collect_input_norms(model, fm.tokenize_batches(tok, texts, 8, 256), max_tokens=256)
     ranks = fm.patch_ranks(model, norms)
-    for band in bands:                                                # naive: apply the band, score the test items
+    ts = with_test.test_sweep
+    for band in [*bands, (0, 5)]:                                    # naive: apply the band, score the test items
         with fm.apply_mask(model, fm.band_mask(ranks, band)):
-            naive = fm.item_metrics(model, tok, test["code_0"])[:, 1]
-        got = ts[(ts.cluster == "code_0") & (ts.band == fm.band_label(band))].sort_values("item").loglik
+            naive = fm.item_metrics(model, tok, test["code-gen_0"])[:, 0]
+        got = ts[(ts.cluster == "code-gen_0") & (ts.band == fm.band_label(band))].sort_values("item").score
         np.testing.assert_allclose(got.to_numpy(), naive, atol=1e-4)
-    acc = fm.dowp_select(model, tok, ref, bands, calib_tokens=256, batch_size=4)   # the paper's rule
-    a = acc.sweep
-    assert set(a[a.cluster == "general_0"].metric) == {"acc"} and set(a[a.cluster == "code_0"].metric) == {"loglik"}
-    np.testing.assert_array_equal(a[a.cluster == "general_0"].score, a[a.cluster == "general_0"].acc)
-    for sub, b in acc.selected.items():
-        if b == (0.0, 5.0):
-            assert acc.masks[sub]["0-5%"] is acc.masks[sub]["selected"]                # θ* = an extra band: one mask
-    with pytest.raises(ValueError, match="select_by"):
-        fm.dowp_select(model, tok, ref, bands, select_by="bpb")
     with pytest.raises(ValueError, match="without reference items"):
-        fm.dowp_select(model, tok, ref, bands, test_by_sub={"maths_0": free})
+        fm.dowp_select(model, tok, ref, bands, test_by_sub={"maths-gen_0": free})
+    with pytest.raises(ValueError, match="both selectable and a baseline"):
+        fm.dowp_select(model, tok, ref, [(0, 5)])
+    with pytest.raises(ValueError, match="mixes multiple-choice and generative"):
+        fm.dowp_select(model, tok, {"x-mc_0": mc[:2] + free[:2]}, bands)
 
 
 def test_band_sweep_columns_need_a_score(model, tok):
@@ -153,15 +190,10 @@ def test_primary_metric(monkeypatch, tmp_path):
     csv = tmp_path / "scorecard.csv"
     monkeypatch.setattr(fm_data.scorecard, "CSV", csv)
     assert fm.primary_metric("m", ["moelab_a"])[0] == "acc"                  # no scorecard: the paper's accuracy
-    csv.write_text("x")
-
-    def usable(name):
-        if name != "m":
-            raise ValueError(f"model {name!r} is not in the scorecard")
-        return ["moelab_a", "moelab_nll_code"]
-    monkeypatch.setattr(fm_data.scorecard, "usable_tasks", usable)
+    csv.write_text("model,task,status\nm,moelab_a,usable\nm,moelab_nll_code,usable\nm,moelab_b,not usable\n")
     fm_data._usable_tasks.cache_clear()                                    # one scorecard lookup per model
     assert fm.primary_metric("m", ["moelab_a"])[0] == "acc"
+    assert fm.task_usability("m", ["moelab_a", "moelab_b"]) == {"moelab_a": "usable", "moelab_b": "not usable"}
     metric, note = fm.primary_metric("m", ["moelab_a", "moelab_b"])
     assert metric == "loglik" and "moelab_b" in note
     assert fm.primary_metric("llama", ["moelab_b"])[0] == "acc"               # a paper model: not in the scorecard

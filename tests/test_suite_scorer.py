@@ -258,3 +258,67 @@ def test_request_hooks(smollm2):
     assert {c for b in batch_seen for c in b} == {r.args[0] for r in reqs}
     with pytest.raises(ValueError, match="request_hook"):
         lmeval.FastHFLM(pretrained=model, tokenizer=tok, request_hook=3)
+
+
+# ------------------------------------------------------------------ choice-normalised scores (issue 35 item 1)
+def _naive_choice(lls, gold, lengths):
+    """Python loop: p(gold) / Σ p(options), plain and per-character; argmax with the first option on ties."""
+    def norm(vals):
+        m = max(vals)
+        ex = [math.exp(v - m) for v in vals]
+        return ex[gold] / sum(ex)
+
+    def first_max(vals):
+        best = 0
+        for i, v in enumerate(vals):
+            if v > vals[best]:
+                best = i
+        return best
+    per = [l / n for l, n in zip(lls, lengths)]
+    return dict(acc=float(first_max(lls) == gold), p_gold=norm(lls), acc_norm=float(first_max(per) == gold),
+                p_gold_norm=norm(per))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_choice_scores_match_naive_loop(seed):
+    rng = np.random.default_rng(seed)
+    k = int(rng.integers(2, 6))
+    lls = (-rng.gamma(2.0, 8.0, k)).tolist()
+    lengths = rng.integers(1, 40, k).tolist()
+    gold = int(rng.integers(0, k))
+    got = scorer.choice_scores(lls, gold, lengths)
+    ref = _naive_choice(lls, gold, lengths)
+    assert got.keys() == ref.keys()
+    for key in ref:
+        assert got[key] == pytest.approx(ref[key], abs=1e-12), key
+
+
+def test_choice_scores_track_accuracy_not_raw_likelihood():
+    # every option's likelihood falls by the same amount: the raw gold likelihood drops, accuracy and p_gold do not
+    a = scorer.choice_scores([-3.0, -5.0, -4.0], 0)
+    b = scorer.choice_scores([-13.0, -15.0, -14.0], 0)
+    assert a["acc"] == b["acc"] == 1.0 and a["p_gold"] == pytest.approx(b["p_gold"])
+    assert scorer.choice_scores([-2.0, -2.0], 1)["acc"] == 0.0            # tie -> first option, as numpy/lm-eval
+    assert "acc_norm" not in a
+
+
+def test_choice_scores_on_real_items_agree_with_lm_eval_acc(smollm2):
+    model, tok = smollm2
+    docs = lmeval.task_docs("math_mc")[:3]
+    for d in docs:
+        ctx = tok(d["prompt"], add_special_tokens=False)["input_ids"]
+        reqs = [(ctx, tok(" " + c, add_special_tokens=False)["input_ids"]) for c in d["choices"]]
+        lls = [lp for lp, _ in scorer.loglikelihood_tokens(model, reqs)]
+        got = scorer.choice_scores(lls, d["gold"], [len(c) for c in d["choices"]])
+        assert got["acc"] == float(int(np.argmax(lls)) == d["gold"])
+        assert got["acc_norm"] == float(int(np.argmax(np.array(lls) / [len(c) for c in d["choices"]])) == d["gold"])
+        assert 0.0 < got["p_gold"] < 1.0
+
+
+def test_choice_scores_reject_bad_input():
+    with pytest.raises(ValueError, match="at least two"):
+        scorer.choice_scores([-1.0], 0)
+    with pytest.raises(ValueError, match="gold=3"):
+        scorer.choice_scores([-1.0, -2.0], 3)
+    with pytest.raises(ValueError, match="positive"):
+        scorer.choice_scores([-1.0, -2.0], 0, [3, 0])

@@ -60,7 +60,7 @@ from moelab import progress as mprogress
 from moelab.core import diagnostics
 
 __all__ = ["TrainConfig", "TrainResult", "Hooks", "train", "flattened", "EMA", "lr_factor", "latest_checkpoint",
-           "unwrap", "resolve_device", "validation_trend", "validation_flattened", "plateau_reached", "PLATEAU_RULE"]
+           "unwrap", "resolve_device"]
 
 HOOK_NAMES = ("after_backward", "after_step", "on_eval", "on_save", "before_resume")
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
@@ -249,58 +249,6 @@ def flattened(losses, window_frac: float = 0.2, tol: float = 0.02) -> tuple[bool
     end = x[len(x) - s:].mean()
     fall = float((start - end) / max(abs(start), 1e-12))
     return bool(0 <= fall < tol), fall
-
-
-# stop rules of the notebooks' training loops (01: validation trend; 02: validation plateau)
-def validation_trend(losses, window_frac: float = 0.2, tol: float = 0.02) -> tuple[str, float]:
-    """Where a validation-loss curve stands, by the suite's criterion (``moelab.train.flattened``: relative fall of the
-    smoothed loss over the last ``window_frac`` of the evaluations) with a rising loss told apart:
-
-    - ``"falling"``: relative fall >= ``tol`` (still improving; train longer);
-    - ``"flattened"``: 0 <= relative fall < ``tol`` (converged by the project's criterion);
-    - ``"rising"``: relative fall < 0 (the loss went *up*: over-fitting or instability, never "flattened");
-    - ``"too short"``: fewer than 4 evaluations (NaN fall).
-    Returns ``(trend, relative_fall)``.
-    """
-    x = np.asarray(losses, dtype=float).ravel()
-    if len(x) < 4:
-        return "too short", float("nan")
-    _, fall = flattened(x, window_frac=window_frac, tol=tol)
-    if fall < 0:
-        return "rising", fall
-    return ("flattened" if fall < tol else "falling"), fall
-
-
-def validation_flattened(losses, window_frac: float = 0.2, tol: float = 0.02) -> tuple[bool, float]:
-    """``moelab.train.flattened`` for a validation loss, except that a rising loss is never "flattened" (notebook
-    01): ``(trend == "flattened", relative_fall)`` of :func:`validation_trend`."""
-    trend, fall = validation_trend(losses, window_frac, tol)
-    return trend == "flattened", fall
-
-
-PLATEAU_RULE = ("stop at the first evaluation n (n >= window) where the best validation loss of the last `window` "
-                "evaluations is not below the best before them by at least `min_rel_improvement` (relative): "
-                "(min L[:n+1-window] - min L[n+1-window:n+1]) / |min L[:n+1-window]| < min_rel_improvement")
-
-
-def plateau_reached(val_losses, window: int = 3, min_rel_improvement: float = 0.01) -> tuple[bool, float]:
-    """The stop rule of notebook 02's phase (b) (:data:`PLATEAU_RULE`): over the validation losses
-    ``L_0..L_n`` (one per evaluation),
-    ``improvement = (min L[:n+1-window] - min L[n+1-window:]) / |min L[:n+1-window]|``;
-    stop when it is below ``min_rel_improvement``. Returns ``(stop, improvement)``; ``(False, nan)`` while fewer than
-    ``window + 1`` losses exist."""
-    if not isinstance(window, int) or window < 1:
-        raise ValueError(f"window={window!r} must be an int >= 1 (evaluations)")
-    if not 0 <= min_rel_improvement < 1:
-        raise ValueError(f"min_rel_improvement={min_rel_improvement!r} must be in [0, 1) (e.g. 0.01 = 1%)")
-    x = np.asarray(val_losses, dtype=float).ravel()
-    if not np.all(np.isfinite(x)):
-        raise ValueError("validation losses contain non-finite values")
-    if len(x) <= window:
-        return False, float("nan")
-    before, recent = x[:len(x) - window].min(), x[len(x) - window:].min()
-    imp = float((before - recent) / max(abs(before), 1e-12))
-    return bool(imp < min_rel_improvement), imp
 
 
 class EMA:

@@ -7,9 +7,12 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Sequence
 
+import pandas as pd
+
 from moelab.suite import instruct, lmeval, scorecard
 
-__all__ = ["MATH_MC_LM_TASK", "load_domains", "choose_general_tasks", "primary_metric", "as_likelihood_item",
+__all__ = ["MATH_MC_LM_TASK", "GENERAL_CANDIDATES", "task_usability", "load_domains", "load_groups", "load_groups_for",
+           "choose_general_tasks", "primary_metric", "as_likelihood_item",
            "calibration_text", "tokenize_batches"]
 
 MATH_MC_LM_TASK = "moelab_math_mc"             # the maths domain's multiple-choice task (elementary_math_qa)
@@ -90,9 +93,14 @@ def load_domains(general_tasks: Sequence[str], n_ref_per_task: int, n_test_per_t
 
 @lru_cache(maxsize=None)
 def _usable_tasks(model_name: str) -> frozenset:
-    """``scorecard.usable_tasks`` once per model and process (it re-applies the usability rule, question-blind
-    classifiers included, to the committed per-item file: about a minute on this CPU)."""
-    return frozenset(scorecard.usable_tasks(model_name))
+    """The tasks the committed scorecard (``data/scorecard.csv``, written by ``python -m moelab.suite.scorecard``
+    with its usability rule) marks usable for ``model_name``; read, not recomputed (recomputing the rule with its
+    question-blind classifiers takes a minute or more). A model absent from it -> ValueError."""
+    card = pd.read_csv(scorecard.CSV)
+    rows = card[card.model == model_name]
+    if rows.empty:
+        raise ValueError(f"model {model_name!r} is not in the scorecard {scorecard.CSV.name}")
+    return frozenset(rows[rows.status == "usable"].task)
 
 
 def choose_general_tasks(model_name: str, candidates: Sequence[str], max_tasks: int) -> tuple[list[str], str]:
@@ -137,3 +145,100 @@ def as_likelihood_item(item: dict) -> dict:
         return item
     out = {k: v for k, v in item.items() if k not in ("choices", "label")}
     return dict(out, answer=item["choices"][item["label"]])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# issue 35: held-out reference pools per selection group (main domain x task type)
+# ----------------------------------------------------------------------------------------------------------------
+def _interleave(lists: Sequence[list]) -> list:
+    """Round-robin merge, so that any prefix covers every list."""
+    out = []
+    for i in range(max((len(x) for x in lists), default=0)):
+        out += [x[i] for x in lists if i < len(x)]
+    return out
+
+
+def _tag(items: list, kind: str) -> list:
+    return [dict(it, kind=kind, group=f"{it['domain']}-{kind}") for it in items]
+
+
+def load_groups(general_tasks: Sequence[str], pool_per_task: int, n_test: int, n_train: int, code_test: int,
+                code_train: int, n_humaneval: int, instruct_profile: str = "default", max_code_chars: int = 0) -> dict:
+    """Notebook 05's data in selection groups (§4.1; issue 35 item 2: multiple choice selects for multiple choice,
+    generative for generative). Every item carries ``domain``, ``kind`` ("mc" | "gen") and ``group``
+    (``f"{domain}-{kind}"``). Reference pools (band selection; never tested on):
+
+    - ``general-mc``: each general BIG-bench task's validation split, then its training items past the router's
+      first ``n_train`` (interleaved over tasks); ``maths-mc``: the same for ``elementary_math_qa``;
+    - ``maths-gen``: GSM-style problems of the training templates' validation split (``instruct.gsm_splits``), in
+      ``moelab_nll_maths``' format (its test items come from held-out templates);
+    - ``code-gen``: stdlib function-writing records (validation, then training past the router's ``code_train``).
+
+    Test = the lm-eval evaluation pools (first ``n_test`` per task; ``code_test`` HumanEval canonical solutions;
+    ``n_humaneval`` problems for pass@k); train = the router's items per main domain (MC tasks' and GSM training
+    items, stdlib code). ``max_code_chars`` > 0 keeps only code reference answers that short (the smoke profile).
+    Returns dict(pools={group: items}, test={domain: items}, train={domain: items},
+    humaneval=[problems])."""
+    if pool_per_task < 1:
+        raise ValueError(f"pool_per_task={pool_per_task}: need at least one reference item per task")
+    pools = {g: [] for g in ("general-mc", "maths-mc", "maths-gen", "code-gen")}
+    test, train = ({d: [] for d in ("general", "maths", "code")} for _ in range(2))
+    per_group: dict = {"general-mc": [], "maths-mc": []}
+    for lm_task, dom in [(t, "general") for t in general_tasks] + [(MATH_MC_LM_TASK, "maths")]:
+        name = lm_task.removeprefix("moelab_")
+        if name not in lmeval.MC_TASKS:
+            raise ValueError(f"{lm_task!r} is not a moelab multiple-choice lm task ({sorted(lmeval.MC_TASKS)})")
+        sp = instruct.task_splits(lmeval.MC_TASKS[name])
+        pool = (list(sp["validation"]) + list(sp["train"][n_train:]))[:pool_per_task]
+        per_group[f"{dom}-mc"].append(_tag([_mc_item(it, dom, lm_task) for it in pool], "mc"))
+        train[dom] += _tag([_mc_item(it, dom, lm_task) for it in sp["train"][:n_train]], "mc")
+        test[dom] += _tag([_mc_item(it, dom, lm_task) for it in lmeval.task_docs(name)[:n_test]], "mc")
+    for g, lists in per_group.items():
+        pools[g] = _interleave(lists)
+    gsm = instruct.gsm_splits()
+    as_gsm = lambda p, task: _free_item(p["id"], "maths", task, f"Question: {p['question']}\nAnswer:",
+                                        " " + p["answer"])
+    pools["maths-gen"] = _tag([as_gsm(p, "gsm_validation") for p in gsm["validation"][:pool_per_task]], "gen")
+    train["maths"] += _tag([as_gsm(p, "gsm_train") for p in gsm["train"][:n_train]], "gen")
+    test["maths"] += _tag([_free_item(d["id"], "maths", "moelab_nll_maths", d["context"], d["continuation"])
+                           for d in lmeval.task_docs("nll_maths")[:n_test]], "gen")
+    test["code"] += _tag([_free_item(d["id"], "code", "moelab_nll_code", d["context"], d["continuation"])
+                          for d in lmeval.task_docs("nll_code")[:code_test]], "gen")
+    mix = instruct.build(instruct_profile)
+    code = {s: [r for r in mix[s] if r["domain"] == "code"] for s in ("validation", "train")}
+    short = lambda rs: [r for r in rs if max_code_chars <= 0 or len(r["answer"]) <= max_code_chars]
+    as_code = lambda r: _free_item(r["id"], "code", "stdlib_code", r["instruction"] + "\n", r["answer"])
+    pools["code-gen"] = _tag([as_code(r) for r in short(code["validation"] + code["train"][code_train:])
+                              [:pool_per_task]], "gen")
+    train["code"] += _tag([as_code(r) for r in code["train"][:code_train]], "gen")
+    he = [dict(d, domain="code", task="moelab_humaneval", kind="gen", group="code-gen")
+          for d in lmeval.task_docs("humaneval")[:n_humaneval]]
+    empty = [g for g, v in pools.items() if not v]
+    if empty:
+        raise ValueError(f"reference pools {empty} are empty")
+    return dict(pools=pools, test=test, train=train, humaneval=he)
+
+
+def load_groups_for(general_tasks: Sequence[str], cfg) -> dict:
+    """:func:`load_groups` with the sizes of a ``FreeMoeConfig`` (the smoke profile reads the suite's smoke mix)."""
+    return load_groups(general_tasks, cfg.pool_per_task, cfg.n_test, cfg.n_train, cfg.code_test, cfg.code_train,
+                       cfg.n_he, instruct_profile="smoke" if cfg.profile == "smoke" else "default",
+                       max_code_chars=cfg.max_code_chars)
+
+
+# BIG-bench multiple-choice lm tasks for the general domain (the scorecard's usable ones first, else this order)
+GENERAL_CANDIDATES = ("moelab_bb_date_understanding", "moelab_bb_hyperbaton", "moelab_bb_sports_understanding",
+                      "moelab_bb_navigate", "moelab_bb_causal_judgment", "moelab_bb_winowhy")
+
+
+def task_usability(model_name: str, tasks: Sequence[str]) -> dict:
+    """Per lm task: ``usable`` / ``not usable`` from the suite's committed scorecard (the model beats chance and the
+    options-only baselines, or a bits-per-byte interval below 8), or ``not in the scorecard``. Accuracy claims on a
+    task that is not usable are outside the regime (issue 32)."""
+    try:
+        usable = _usable_tasks(model_name) if scorecard.CSV.exists() else None
+    except ValueError:
+        usable = None
+    if usable is None:
+        return {t: "not in the scorecard" for t in tasks}
+    return {t: "usable" if t in usable else "not usable" for t in tasks}

@@ -14,17 +14,22 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from moelab import cache, progress
+from moelab import assets, cache, progress
 from moelab.assets import MissingAsset
 from moelab.free_moe.data import calibration_text, tokenize_batches
-from moelab.free_moe.method import (WANDA_BAND, InputNorms, MaskSwitcher, MultiLevelRouter, apply_mask, band_label,
-                                    band_mask, collect_input_norms, embedding_features, fit_subdomains, patch_ranks,
-                                    target_linears)
-from moelab.free_moe.scoring import ITEM_METRICS, ScoreFn, item_metrics, score_items
+from moelab.free_moe.method import (SUBLAYERS, WANDA_BAND, InputNorms, MaskSwitcher, MultiLevelRouter, apply_mask,
+                                    band_label, band_mask, collect_input_norms, embedding_features, fit_subdomains,
+                                    patch_ranks, restrict_mask, target_linears)
+from moelab.free_moe.scoring import ITEM_METRICS, ScoreFn, humaneval_score_fn, item_metrics, score_items
+from moelab.stats import paired_t_interval
 from moelab.profiles import paper_input_hint
+from moelab.suite import lmeval
 
-__all__ = ["band_sweep", "select_bands", "load_local_model", "assign_subdomains", "subdomain_norms", "routed_scores",
-           "DowpResult", "SELECT_BY", "dowp_select", "masks_for", "evaluate_methods", "eq3_keys", "fit_router",
+__all__ = ["load_model", "Clusters", "reference_clusters", "cluster_keys", "route_test", "LONG_METRICS", "to_long",
+           "table1_scores", "keep_probe", "purified_pct", "ablation_items", "ratio_ablation", "sublayer_ablation",
+           "reselect_ablation", "hook_check", "model_rows", "test_sweep_items", "ABLATION_SLUGS", "run_ablations",
+           "band_sweep", "select_bands", "load_local_model", "assign_subdomains", "subdomain_norms", "routed_scores",
+           "DowpResult", "select_with_gate", "dowp_select", "masks_for", "evaluate_methods", "eq3_keys", "fit_router",
            "route_items"]
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -97,6 +102,22 @@ def load_local_model(path, dtype=torch.float32):
     return model, tok
 
 
+def load_model(profile: str, model_path=None, device: str = "cpu"):
+    """The model a profile runs: SmolLM2-135M-Instruct from ``moelab.assets`` (smoke, default, full), or the paper
+    profile's local folder (:func:`load_local_model`). ``device="auto"`` puts the model on CUDA when one is present
+    (the paper profile; scoring, calibration and masks follow the weights' device). Returns (model, tok, name,
+    scorecard name)."""
+    if profile == "paper":
+        model, tok = load_local_model(model_path)
+        name = scorecard_name = str(model_path)
+    else:
+        model, tok = assets.load_smollm2()
+        name, scorecard_name = "SmolLM2-135M-Instruct", "smollm2-135m-instruct"
+    if device == "auto" and torch.cuda.is_available():
+        model = model.to("cuda")
+    return model, tok, name, scorecard_name
+
+
 def assign_subdomains(model: nn.Module, tok, reference: dict, test: dict, k: int, seed: int = 0,
                       max_length: int = 256) -> dict:
     """§3.1 per main domain: k-means (Eq. 2) on the embedding-layer features of the reference prompts; every reference
@@ -163,85 +184,124 @@ def routed_scores(model: nn.Module, tok, items: Sequence[dict], keys: Sequence, 
 # ----------------------------------------------------------------------------------------------------------------
 @dataclass
 class DowpResult:
-    """Per-subdomain band sweep on reference data (Eq. 6), the selected bands θ* and the DSS-Expert masks; with
+    """Per-cluster band sweep on reference data (Eq. 6), the selection with its gate, and the DSS-Expert masks; with
     ``test_sweep`` the same sweep on test items (the paper's test-selected protocol, never used for selection)."""
-    sweep: pd.DataFrame                    # domain, cluster, band, item, score, acc, loglik, pick, metric (reference)
-    selected: dict                           # subdomain -> (θmin, θmax)
-    masks: dict                              # subdomain -> {"selected" | "0-5%" | "ratio<r>" | ...: PurificationMask}
+    sweep: pd.DataFrame                      # domain, group, cluster, band, role, item, ITEM_METRICS (reference)
+    selected: dict                           # cluster -> (θmin, θmax), or None: no band improved it (dense kept)
+    masks: dict                              # cluster -> {"selected" (None if dense) | "0-5%" | "ratio<r>" | ...}
+    selection: pd.DataFrame | None = None    # per cluster: best band, reference gain and interval, selected
     test_sweep: pd.DataFrame | None = None   # the same columns on test items (issue 22 item 5)
-    select_by: str = "acc"                   # the selection metric of Eq. 6: "acc" or "loglik"
 
 
-SELECT_BY = ("acc", "loglik")
+def select_with_gate(sweep: pd.DataFrame, bands: Sequence[tuple[float, float]], level: float = 0.95,
+                     gate: bool = True) -> tuple[dict, pd.DataFrame]:
+    """θ* = argmax_θr mean reference score (Eq. 6) over the selectable ``bands`` only (the paper's 50-100% grid;
+    baseline rows such as Wanda's 0-5% never win), then the gate of issue 35: θ* is kept only when its paired
+    t-interval of (θ* - dense) over the cluster's reference items lies above 0; otherwise the cluster keeps the dense
+    model (selected None). The interval is computed on the items θ* was chosen on, so it is optimistic; held-out
+    test items give the unbiased number. Returns (selected, table) with one row per cluster: group, cluster,
+    n_ref, best_band, base, best, gain, lo, hi, selected (bool), band (θ* label or "base")."""
+    labels = [band_label(b) for b in bands]
+    rows, selected = [], {}
+    for c, s in sweep.groupby("cluster", sort=False):
+        wide = s.pivot_table(index="item", columns="band", values="score")
+        means = wide[labels].mean()
+        best = labels[int(np.argmax(means.to_numpy()))]                               # ties -> first band listed
+        iv = paired_t_interval(wide[best].to_numpy(), wide["base"].to_numpy(), level)
+        keep = bool(iv.low > 0) or not gate
+        selected[c] = tuple(bands[labels.index(best)]) if keep else None
+        rows.append(dict(domain=s.domain.iloc[0], group=s.group.iloc[0], cluster=c, n_ref=len(wide),
+                         best_band=best, base=float(wide["base"].mean()), best=float(means[best]),
+                         gain=iv.estimate, lo=iv.low, hi=iv.high, selected=keep, band=best if keep else "base"))
+    return selected, pd.DataFrame(rows)
 
 
 def dowp_select(model: nn.Module, tok, ref_by_sub: dict, bands: Sequence[tuple[float, float]], patch: int = 1,
                 sublayers: str = "both", scope: str = "row", calib_tokens: int = 4096, ratios: Sequence[float] = (),
-                extra_bands: Sequence[tuple[float, float]] = (WANDA_BAND,), batch_size: int = 16,
-                cache_config: dict | None = None, domain_of: Callable[[str], str] = lambda s: s.rsplit("_", 1)[0],
+                baseline_bands: Sequence[tuple[float, float]] = (WANDA_BAND,), batch_size: int = 16,
+                cache_config: dict | None = None, group_of: Callable[[str], str] = lambda s: s.rsplit("_", 1)[0],
                 log: Callable[[str], None] | None = None, mode: str = "remove", counts: str = "exact",
-                select_by: str = "acc", test_by_sub: dict | None = None) -> DowpResult:
-    """DOWP (§3.1, Algorithm 1) for each subdomain D_jk: calibrate on its reference texts (streamed ||X_n||), rank
-    the patches (Eq. 4), sweep the bands on its reference items (Eq. 5-6), keep θ* = the best band and build the
-    masks: ``selected`` (θ*), each ``extra_bands`` entry (the Wanda-like 0-5% by default; the ``selected`` object
-    itself when it is θ*), and ``ratio<r>`` = [θ*min, θ*min + r] for each purification ratio r (Table 2).
-    ``mode``/``counts``: the band reading and band sizes of :func:`~moelab.free_moe.method.band_mask` (sweep and
-    masks alike). ``select_by``: Eq. 6's score, ``"acc"`` (accuracy; answer likelihood for items without options,
-    the paper's rule) or ``"loglik"`` (answer likelihood of every item: issue 22's primary metric when no
-    multiple-choice task is usable). Every item gets accuracy, likelihood and the picked option
-    (:func:`~moelab.free_moe.scoring.item_metrics`) under every band. ``test_by_sub`` (optional, subdomain -> test
-    items) are scored under the same masks in the same passes and returned as ``test_sweep``: the paper's
-    test-selected protocol (Table 1's DOWP row), never used for θ*. Ranks are dropped after each subdomain."""
-    if select_by not in SELECT_BY:
-        raise ValueError(f"select_by={select_by!r}: expected one of {SELECT_BY}")
+                test_by_sub: dict | None = None, gate: bool = True, level: float = 0.95) -> DowpResult:
+    """DOWP (§3.1, Algorithm 1) for each cluster D_jk: calibrate on its reference texts (streamed ||X_n||), rank the
+    patches (Eq. 4), sweep ``bands`` (selectable) and ``baseline_bands`` (Wanda's 0-5%: a baseline row, never
+    selected) on its reference items (Eq. 5-6), select θ* with :func:`select_with_gate` on the accuracy-aligned
+    score (``item_metrics``' ``score``: p(gold)/Σp(options) for multiple choice, answer log-likelihood per token
+    for generative items; a cluster holds one task type) and build the masks: ``selected`` (θ*, or None = dense),
+    each baseline band, and ``ratio<r>`` = [θ*min, θ*min + r] (Table 2; only where θ* exists).
+    ``mode``/``counts``: the band reading of :func:`~moelab.free_moe.method.band_mask`. ``test_by_sub`` (optional)
+    are scored under the same masks in the same passes and returned as ``test_sweep`` (the paper's test-selected
+    protocol), never used for θ*. With ``cache_config`` each (cluster, band) result is cached on its own, so an
+    interrupted sweep resumes band by band."""
     test_by_sub = test_by_sub or {}
     unknown = sorted(set(test_by_sub) - set(ref_by_sub))
     if unknown:
         raise ValueError(f"test_by_sub has subdomains {unknown} without reference items")
-
-    def score_fn(m, its):
-        im = item_metrics(m, tok, its, batch_size)                                   # acc, loglik, pick
-        score = im[:, 1] if select_by == "loglik" else np.where(np.isnan(im[:, 0]), im[:, 1], im[:, 0])
-        return np.column_stack([score, im])
-
-    frames, test_frames, selected, masks = [], [], {}, {}
-    for sub, items in progress.bar(list(ref_by_sub.items()), desc="DOWP subdomains", unit="subdomain"):
+    for b in baseline_bands:
+        if tuple(map(float, b)) in {tuple(map(float, x)) for x in bands}:
+            raise ValueError(f"band {band_label(b)} is both selectable and a baseline row")
+    frames, test_frames, masks = [], [], {}
+    for sub, items in progress.bar(list(ref_by_sub.items()), desc="DOWP clusters", unit="cluster"):
         if len(items) == 0:
             raise ValueError(f"subdomain {sub!r} has no reference examples")
+        kinds = {"mc" if it.get("choices") else "gen" for it in items}
+        if len(kinds) > 1:
+            raise ValueError(f"cluster {sub!r} mixes multiple-choice and generative reference items: select each "
+                             "task type on its own items")
         cc = None if cache_config is None else dict(cache_config, subdomain=sub)
         norms = subdomain_norms(model, tok, [calibration_text(it) for it in items], sublayers, calib_tokens,
                                 cache_config=cc)
         ranks = patch_ranks(model, norms, patch, sublayers, scope)
-        test = list(test_by_sub.get(sub, []))
-        both = list(items) + test                                          # one mask application per band for both
-        sw = band_sweep(model, {sub: ranks}, {sub: both}, score_fn, bands, mode=mode, counts=counts,
-                        columns=("score", *ITEM_METRICS))
-        sw.insert(0, "domain", domain_of(sub))
-        sw["metric"] = ["acc" if select_by == "acc" and "choices" in both[j] else "loglik" for j in sw["item"]]
-        ref_sw, test_sw = sw[sw["item"] < len(items)], sw[sw["item"] >= len(items)].copy()
-        test_sw["item"] -= len(items)
-        frames.append(ref_sw)
-        if test:
-            test_frames.append(test_sw)
-        best = select_bands(ref_sw, bands)[sub]                            # θ* from the reference items only
-        selected[sub] = best
-        masks[sub] = {"selected": band_mask(ranks, best, mode, counts)}
-        for b in extra_bands:
-            masks[sub][band_label(b)] = masks[sub]["selected"] if tuple(b) == tuple(best) else \
-                band_mask(ranks, b, mode, counts)
-        for r in ratios:
+        both = list(items) + list(test_by_sub.get(sub, []))          # one mask application per band for both
+        ids = cache.key({"ids": [(it.get("task"), str(it.get("id")), it["prompt"][:64]) for it in both]})
+        parts = []
+        for band in [None, *bands, *baseline_bands]:
+            label = "base" if band is None else band_label(band)
+
+            def compute(band=band):
+                if band is None:
+                    return item_metrics(model, tok, both, batch_size)
+                with apply_mask(model, band_mask(ranks, band, mode, counts)):
+                    return item_metrics(model, tok, both, batch_size)
+            sc = compute() if cc is None else cache.memo(
+                "free_moe_band", dict(cc, band=label, items=ids, patch=patch, scope=scope, mode=mode, counts=counts,
+                                      sublayers=sublayers, calib_tokens=calib_tokens), compute)
+            df = pd.DataFrame(np.asarray(sc), columns=list(ITEM_METRICS))
+            df.insert(0, "item", np.arange(len(both)))
+            df.insert(0, "role", "baseline" if band in baseline_bands else ("dense" if band is None else "band"))
+            df.insert(0, "band", label)
+            parts.append(df)
+        sw = pd.concat(parts, ignore_index=True)
+        sw.insert(0, "cluster", sub)
+        sw.insert(0, "group", group_of(sub))
+        sw.insert(0, "domain", group_of(sub).split("-")[0])
+        sw["kind"] = kinds.pop()
+        frames.append(sw[sw["item"] < len(items)])
+        if len(both) > len(items):
+            t = sw[sw["item"] >= len(items)].copy()
+            t["item"] -= len(items)
+            test_frames.append(t)
+        chosen, _ = select_with_gate(frames[-1], bands, level, gate)
+        best = chosen[sub]
+        top = select_with_gate(frames[-1], bands, level, gate=False)[0][sub]          # best band, ungated
+        masks[sub] = {"best": band_mask(ranks, top, mode, counts)}
+        masks[sub]["selected"] = None if best is None else masks[sub]["best"]
+        for b in baseline_bands:
+            masks[sub][band_label(b)] = band_mask(ranks, b, mode, counts)
+        for r in ratios if best is not None else ():
             masks[sub][f"ratio{r:g}"] = band_mask(ranks, (best[0], min(100.0, best[0] + r)), mode, counts)
         del ranks
         if log:
-            log(f"{sub}: {len(items)} reference items, θ* = {band_label(best)}")
-    return DowpResult(sweep=pd.concat(frames, ignore_index=True), selected=selected, masks=masks,
-                      test_sweep=pd.concat(test_frames, ignore_index=True) if test_frames else None,
-                      select_by=select_by)
+            log(f"{sub}: {len(items)} reference items, θ* = {'dense' if best is None else band_label(best)}")
+    sweep = pd.concat(frames, ignore_index=True)
+    selected, table = select_with_gate(sweep, bands, level, gate)
+    return DowpResult(sweep=sweep, selected=selected, masks=masks, selection=table,
+                      test_sweep=pd.concat(test_frames, ignore_index=True) if test_frames else None)
 
 
 def masks_for(dowp: DowpResult, which: str) -> dict:
-    """{subdomain: mask} for one kind of mask ("selected", "0-5%", "ratio3", ...)."""
-    return {s: m[which] for s, m in dowp.masks.items()}
+    """{subdomain: mask} for one kind of mask ("selected", "best", "0-5%", "ratio3", ...); None (the dense model)
+    where a cluster has no such mask (no band passed the gate)."""
+    return {s: m.get(which) for s, m in dowp.masks.items()}
 
 
 def evaluate_methods(model: nn.Module, tok, items: Sequence[dict], routes: dict, batch_size: int = 16,
@@ -334,3 +394,325 @@ def route_items(router: MultiLevelRouter, model: nn.Module, tok, items: Sequence
     F = embedding_features(model, tok, [it["prompt"] for it in items], max_length)
     return router.predict(F)
 
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# issue 35: clusters per selection group with enough reference items, type-aware routing, the held-out comparison
+# ----------------------------------------------------------------------------------------------------------------
+@dataclass
+class Clusters:
+    """k-means subdomains per selection group (main domain x task type; Eq. 2-3) and each cluster's reference items."""
+    kmeans: dict                  # group -> fitted KMeans
+    ref: dict                     # cluster name f"{group}_{i}" -> reference items
+    table: pd.DataFrame           # per cluster: domain, group, kind, cluster, K_requested, K_used, pool, reference
+
+
+def reference_clusters(model: nn.Module, tok, pools: dict, K: dict, n_per_cluster: int, min_ref: int,
+                       seed: int = 0, max_length: int = 256) -> Clusters:
+    """Eq. 2 per selection group: k-means on the embedding features of the group's held-out reference pool, with
+    the requested K where every cluster holds at least ``min_ref`` pool items, else the largest K that does (fewer
+    clusters, issue 35 item 2; the table records both). Each cluster selects on its first ``n_per_cluster`` pool
+    items (pool order: validation first)."""
+    kms, ref, rows = {}, {}, []
+    for g, pool in pools.items():
+        F = embedding_features(model, tok, [it["prompt"] for it in pool], max_length)
+        k_req = int(K.get(g, 1))
+        for k in range(min(k_req, len(pool)), 0, -1):
+            km = fit_subdomains(F, k, seed)
+            counts = np.bincount(km.labels_, minlength=k)
+            if counts.min() >= min_ref:
+                break
+        if counts.min() < min_ref:
+            raise ValueError(f"group {g!r}: its pool holds {len(pool)} items, fewer than min_ref={min_ref}: "
+                             "raise pool_per_task")
+        kms[g] = km
+        for c in range(k):
+            name = f"{g}_{c}"
+            ref[name] = [pool[i] for i in np.flatnonzero(km.labels_ == c)[:n_per_cluster]]
+            rows.append(dict(domain=g.split("-")[0], group=g, kind=g.split("-")[1], cluster=name, K_requested=k_req,
+                             K_used=k, pool=int(counts[c]), reference=len(ref[name]),
+                             why="" if k == k_req else
+                             f"K={k_req} left a cluster under {min_ref} items: fewer clusters"))
+    return Clusters(kmeans=kms, ref=ref, table=pd.DataFrame(rows))
+
+
+def cluster_keys(model: nn.Module, tok, items: Sequence[dict], clusters: Clusters, as_domain: str | None = None,
+                 max_length: int = 256) -> np.ndarray:
+    """Eq. 3 with the oracle main domain (Table 1's DOWP): each item's nearest cluster of its own group (main domain
+    x task type); ``as_domain`` uses that domain's group of the item's type instead (the off-domain probe), or None
+    (dense) where that domain has no expert of the item's type."""
+    keys = np.full(len(items), None, dtype=object)
+    groups = [f"{as_domain or it['domain']}-{it['kind']}" for it in items]
+    for g in dict.fromkeys(groups):
+        idx = [i for i, x in enumerate(groups) if x == g]
+        if g in clusters.kmeans:
+            f = embedding_features(model, tok, [items[i]["prompt"] for i in idx], max_length)
+            keys[idx] = [f"{g}_{c}" for c in clusters.kmeans[g].predict(f)]
+        elif as_domain is None:
+            raise ValueError(f"cluster_keys: no clusters for group {g!r} (have {sorted(clusters.kmeans)})")
+    return keys
+
+
+def route_test(model: nn.Module, tok, train_by_dom: dict, clusters: Clusters, items: Sequence[dict], seed: int = 0,
+               max_length: int = 256) -> tuple[MultiLevelRouter, pd.DataFrame]:
+    """§3.2 (Eq. 7-9): the multi-level router trained on the training split (main label = selection group, sub label =
+    Eq. 3 cluster), then each test item routed among the groups of its own task type (a multiple-choice request goes
+    to a multiple-choice expert). Returns (router, per-item table: task, id, domain, kind, pred_domain, eq3_sub,
+    pred_sub, main_ok, sub_ok)."""
+    tr = [it for d in train_by_dom for it in train_by_dom[d] if it["group"] in clusters.kmeans]
+    if not tr:
+        raise ValueError("route_test: no training items in the clusters' groups")
+    F = embedding_features(model, tok, [it["prompt"] for it in tr], max_length)
+    grp = np.array([it["group"] for it in tr], dtype=object)
+    sub = np.empty(len(tr), dtype=object)
+    for g, km in clusters.kmeans.items():
+        sel = grp == g
+        if sel.any():
+            sub[sel] = [f"{g}_{c}" for c in km.predict(F[sel])]
+    router = MultiLevelRouter(seed=seed).fit(F, grp.astype(str), sub.astype(str))
+    Ft = embedding_features(model, tok, [it["prompt"] for it in items], max_length)
+    allowed = [[g for g in clusters.kmeans if g.endswith("-" + it["kind"])] for it in items]
+    pred_grp, pred_sub = router.predict(Ft, allowed)
+    eq3 = cluster_keys(model, tok, items, clusters, max_length=max_length)
+    routing = pd.DataFrame(dict(task=[it["task"] for it in items], id=[str(it["id"]) for it in items],
+                                domain=[it["domain"] for it in items], kind=[it["kind"] for it in items],
+                                pred_domain=[g.split("-")[0] for g in pred_grp], eq3_sub=eq3, pred_sub=pred_sub))
+    routing["main_ok"] = routing.domain == routing.pred_domain
+    routing["sub_ok"] = routing.eq3_sub == routing.pred_sub
+    return router, routing
+
+
+LONG_METRICS = ("acc", "acc_norm", "p_gold", "p_gold_norm", "loglik")     # item_metrics columns reported per item
+
+
+def to_long(wide: pd.DataFrame, metrics: Sequence[str] = LONG_METRICS, keep: Sequence[str] = ()) -> pd.DataFrame:
+    """evaluate_methods' wide per-item table -> one row per item and metric (NaN rows dropped: a multiple-choice
+    item has acc/acc_norm/p_gold/p_gold_norm rows, a generative one a loglik row)."""
+    have = [m for m in metrics if m in wide.columns]
+    ids = ["method", "task", "id", *keep]
+    long = wide[ids + have].melt(id_vars=ids, value_vars=have, var_name="metric", value_name="score")
+    return long.dropna(subset=["score"])
+
+
+def table1_scores(model: nn.Module, tok, items: Sequence[dict], he_items: Sequence[dict], routing: pd.DataFrame,
+                  dowp: DowpResult, he_n: int = 1, he_tokens: int = 96, batch_size: int = 16, seed: int = 0,
+                  cache_config: dict | None = None) -> pd.DataFrame:
+    """Table 1 on held-out test items: BASELINE (dense), DOWP (oracle main domain + Eq. 3 cluster's selected
+    DSS-Expert; dense where the cluster kept the dense model) and FREE-MOE (the router's cluster). ``routing`` rows
+    follow ``items + he_items``. Per item and metric (acc, acc_norm, p_gold, p_gold_norm for multiple choice;
+    loglik for generative; pass@1 (and pass@10 when ``he_n >= 10``) for HumanEval problems). Each (item, mask) pair
+    is scored once; with ``cache_config`` the whole table is cached by its routing and selected bands."""
+    sel = masks_for(dowp, "selected")
+    n_t = len(items)
+    eq3, pred = routing.eq3_sub.tolist(), routing.pred_sub.tolist()
+    ks = (1, 10) if he_n >= 10 else (1,)
+
+    def compute():
+        routes = {"BASELINE": (None, None), "DOWP": (eq3[:n_t], sel), "FREE-MOE": (pred[:n_t], sel)}
+        wide = evaluate_methods(model, tok, items, routes, columns=ITEM_METRICS,
+                                score_fn=lambda m, its: item_metrics(m, tok, its, batch_size))
+        parts = [to_long(wide)]
+        if he_items:
+            he_fn = humaneval_score_fn(tok, n=he_n, ks=ks, max_new_tokens=he_tokens, seed=seed)
+            he_routes = {"BASELINE": (None, None), "DOWP": (eq3[n_t:], sel), "FREE-MOE": (pred[n_t:], sel)}
+            he = evaluate_methods(model, tok, he_items, he_routes, score_fn=he_fn, columns=[f"pass@{k}" for k in ks])
+            parts.append(he.melt(id_vars=["method", "task", "id"], var_name="metric", value_name="score"))
+        return pd.concat(parts, ignore_index=True)
+    if cache_config is None:
+        out = compute()
+    else:
+        cfg = dict(cache_config, step="table1", eq3=[str(k) for k in eq3], pred=[str(k) for k in pred],
+                   selected={c: None if b is None else band_label(b) for c, b in dowp.selected.items()},
+                   items=cache.key({"i": [(it["task"], str(it["id"])) for it in [*items, *he_items]]}),
+                   he=(he_n, he_tokens, seed))
+        out = cache.memo("free_moe_table1", cfg, compute)
+    dom = {it["task"]: it["domain"] for it in [*items, *he_items]}
+    out.insert(2, "domain", out.task.map(dom))
+    return out
+
+
+def keep_probe(model: nn.Module, tok, items: Sequence[dict], clusters: Clusters, dowp: DowpResult, n_probe: int,
+               which: str = "selected", batch_size: int = 16) -> pd.DataFrame:
+    """Extension (issue 35 item 4; not a claim of the paper): each main domain's DSS-Experts on the other domains'
+    items. The first ``n_probe`` test items per task, each sent to the mask domain's nearest cluster of the item's
+    own type (dense where that domain has no expert of the type, and on its own items). Per item: the
+    accuracy-aligned score (p_gold for multiple choice, loglik for generative), dense (BASELINE) and purified."""
+    seen, probe = {}, []
+    for it in items:
+        seen[it["task"]] = seen.get(it["task"], 0) + 1
+        if seen[it["task"]] <= n_probe:
+            probe.append(it)
+    doms = list(dict.fromkeys(g.split("-")[0] for g in clusters.kmeans))
+    masks = masks_for(dowp, which)
+    routes = {"BASELINE": (None, None)}
+    for d in doms:
+        k = cluster_keys(model, tok, probe, clusters, as_domain=d)
+        routes[d] = ([None if it["domain"] == d else key for it, key in zip(probe, k)], masks)
+    w = evaluate_methods(model, tok, probe, routes, score_fn=lambda m, its: item_metrics(m, tok, its, batch_size),
+                         columns=ITEM_METRICS)
+    w["metric"] = ["p_gold" if it.get("choices") else "loglik" for it in probe] * len(routes)
+    w["domain"] = [it["domain"] for it in probe] * len(routes)
+    parts = []
+    for d in doms:
+        for method, label in (("BASELINE", "BASELINE"), (d, "purified")):
+            g = w[(w.method == method) & (w.domain != d)]
+            parts.append(g.assign(method=label, mask_domain=d)[["method", "mask_domain", "domain", "task", "id",
+                                                                  "metric", "score"]])
+    return pd.concat(parts, ignore_index=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# ablations (Tables 2-5, band readings) with the purified share beside every score (issue 35 item 3)
+# ----------------------------------------------------------------------------------------------------------------
+def purified_pct(mask, total_weights: int) -> float:
+    """Share of all DOWP target weights (every attention and MLP projection) a mask purifies, in percent (0 for the
+    dense model)."""
+    return 0.0 if mask is None else 100.0 * mask.n_purified() / total_weights
+
+
+def ablation_items(model: nn.Module, tok, items: Sequence[dict], routes: dict, batch_size: int = 16) -> pd.DataFrame:
+    """Per item, option and metric under ``routes`` (:func:`evaluate_methods`), with ``purified_pct``: the share of
+    all target weights the mask that scored the item purifies."""
+    total = sum(lin.weight.numel() for lin in target_linears(model).values())
+    w = evaluate_methods(model, tok, items, routes, score_fn=lambda m, its: item_metrics(m, tok, its, batch_size),
+                         columns=ITEM_METRICS)
+    pct = []
+    for method, (keys, masks) in routes.items():
+        keys = [None] * len(items) if keys is None else list(keys)
+        pct += [purified_pct(None if k is None else (masks or {}).get(k), total) for k in keys]
+    w["purified_pct"] = pct
+    return to_long(w, keep=("purified_pct",))
+
+
+def ratio_ablation(model: nn.Module, tok, items: Sequence[dict], clusters: Clusters, dowp: DowpResult,
+                   ratios: Sequence[float], batch_size: int = 16) -> pd.DataFrame:
+    """Table 2: purification ratio r = width of the purified band placed at θ*min of each cluster's selected band
+    (5% = θ* itself; clusters that kept the dense model stay dense), on the same items (routed by Eq. 3), with the
+    purified share."""
+    keys = cluster_keys(model, tok, items, clusters)
+    routes = {"base": (None, None), "5%": (keys, masks_for(dowp, "selected"))}
+    routes.update({f"{r:g}%": (keys, masks_for(dowp, f"ratio{r:g}")) for r in ratios})
+    return ablation_items(model, tok, items, routes, batch_size)
+
+
+def sublayer_ablation(model: nn.Module, tok, items: Sequence[dict], keys: Sequence, dowp: DowpResult,
+                      batch_size: int = 16) -> pd.DataFrame:
+    """Table 3: each cluster's best reference band (ungated, so every option purifies something) restricted to the MLP,
+    the attention or both sublayers; the purified share differs by option and is reported beside every score."""
+    best = masks_for(dowp, "best")
+    routes = {"base": (None, None)}
+    routes.update({s: (keys, {k: None if m is None else restrict_mask(m, s) for k, m in best.items()})
+                   for s in SUBLAYERS})
+    return ablation_items(model, tok, items, routes, batch_size)
+
+
+def reselect_ablation(model: nn.Module, tok, items: Sequence[dict], options: dict, batch_size: int = 16,
+                      which: str = "best") -> pd.DataFrame:
+    """Tables 4-5 and the band readings: ``options[label] = (keys, DowpResult)``, each re-selected on its own
+    reference items; every option's ``which`` masks scored on the same items beside the dense model, with shares."""
+    routes = {"base": (None, None)}
+    routes.update({lab: (k, masks_for(d, which)) for lab, (k, d) in options.items()})
+    return ablation_items(model, tok, items, routes, batch_size)
+
+
+def hook_check(model: nn.Module, tok, router: MultiLevelRouter, clusters: Clusters, dowp: DowpResult,
+               scores: pd.DataFrame, task: str, n: int, max_length: int = 256) -> dict:
+    """FREE-MOE through lm-eval (``moelab.suite.lmeval.evaluate(..., request_hook=)``): the hook routes each
+    multiple-choice request's context among the multiple-choice groups and switches the selected mask in place;
+    the per-item accuracy must equal the batched scorer's FREE-MOE rows of ``scores`` (the Table 1 long table)."""
+    allowed = [[g for g in clusters.kmeans if g.endswith("-mc")]]
+    switch = MaskSwitcher(model, masks_for(dowp, "selected"))
+
+    def hook(ctx):
+        switch.set(router.predict(embedding_features(model, tok, [ctx], max_length), allowed)[1][0])
+    try:
+        via = lmeval.evaluate(model, tok, [task], limit=n, request_hook=hook)
+    finally:
+        switch.close()
+    ours = scores[(scores.method == "FREE-MOE") & (scores.task == task) & (scores.metric == "acc")]
+    ours = ours.assign(id=ours.id.astype(str)).set_index("id").score
+    vh = via[via.metric == "acc"].assign(item_id=lambda d: d.item_id.astype(str)).set_index("item_id").score
+    agree = float((vh.to_numpy() == ours.reindex(vh.index).to_numpy()).mean())
+    return dict(task=task, n=len(vh), agreement=agree, hook_acc=float(vh.mean()), switches=switch.n_switches)
+
+
+def model_rows(model: nn.Module, tok, data: dict, K: dict, bands: Sequence, n_per_cluster: int, min_ref: int,
+               n_items: int, calib_tokens: int, patch: int = 1, batch_size: int = 16, seed: int = 0,
+               cache_config: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The whole pipeline for a second model (Gemma-3-270M in ``full``): clusters on the same reference pools (its
+    own embedding layer), DOWP with the gate, the router, and BASELINE / DOWP / FREE-MOE on the first ``n_items``
+    test items per task. Returns (per-item long scores, selection table)."""
+    cl = reference_clusters(model, tok, data["pools"], K, n_per_cluster, min_ref, seed)
+    dw = dowp_select(model, tok, cl.ref, bands, patch=patch, calib_tokens=calib_tokens, batch_size=batch_size,
+                     cache_config=cache_config)
+    seen, items = {}, []
+    for it in [x for d in data["test"].values() for x in d]:
+        seen[it["task"]] = seen.get(it["task"], 0) + 1
+        if seen[it["task"]] <= n_items:
+            items.append(it)
+    _, routing = route_test(model, tok, data["train"], cl, items, seed)
+    return table1_scores(model, tok, items, [], routing, dw, batch_size=batch_size), dw.selection
+
+
+def test_sweep_items(model: nn.Module, tok, test: dict, clusters: Clusters, n_sweep: int) -> dict | None:
+    """The first ``n_sweep`` test items per task, by Eq. 3 cluster: swept under every band beside the reference items
+    (the paper's test-selected protocol, never used for selection). None when ``n_sweep`` is 0."""
+    if n_sweep <= 0:
+        return None
+    seen, items = {}, []
+    for it in [x for d in test.values() for x in d]:
+        seen[it["task"]] = seen.get(it["task"], 0) + 1
+        if seen[it["task"]] <= n_sweep:
+            items.append(it)
+    out: dict = {}
+    for it, k in zip(items, cluster_keys(model, tok, items, clusters)):
+        out.setdefault(k, []).append(it)
+    return out
+
+
+ABLATION_SLUGS = {"table3": "sublayers", "table4": "patch", "table5": "kmeans", "readings": "band-readings"}
+
+
+def run_ablations(model: nn.Module, tok, data: dict, clusters: Clusters, dowp: DowpResult, cfg,
+                  cache_config: dict | None = None, seed: int = 0) -> dict:
+    """Tables 3-5 and the band readings where ``cfg`` (a ``FreeMoeConfig``) enables them, each on its domain's test
+    items beside the dense model with the purified share of every option (issue 35 item 3):
+
+    - ``table3`` (maths, paper GSM8K/MathQA): each maths cluster's best band restricted to MLP / attention / both;
+    - ``table4`` (code, paper MBPP/HumanEval): re-selected at each patch size of ``ablate_patch`` (and ``patch``)
+      on ``ablate_bands`` (equal shares: exact counts);
+    - ``table5`` (general, paper MMLU): re-clustered with each K of ``ablate_K`` and re-selected;
+    - ``readings`` (general): ranks within the whole matrix, or keep only the band, re-selected.
+
+    Options use each cluster's best band (ungated), so every option purifies something and its share is known.
+    Returns {table id: per-item long table with purified_pct}."""
+    out = {}
+    bands = cfg.grid_bands("ablate_bands")
+    kw = dict(calib_tokens=cfg.calib_tokens, batch_size=cfg.batch, baseline_bands=())
+    by_dom = lambda d: (data["test"][d], cluster_keys(model, tok, data["test"][d], clusters))
+    if cfg.ablate_sublayers:
+        items, keys = by_dom("maths")
+        out["table3"] = sublayer_ablation(model, tok, items, keys, dowp, cfg.batch)
+    if cfg.ablate_patch:
+        items, keys = by_dom("code")
+        ref = {c: v for c, v in clusters.ref.items() if c.startswith("code-")}
+        opts = {f"{p}x{p}": (keys, dowp_select(model, tok, ref, bands, patch=p, cache_config=cache_config, **kw))
+                for p in dict.fromkeys([cfg.patch, *cfg.ablate_patch])}
+        out["table4"] = reselect_ablation(model, tok, items, opts, cfg.batch)
+    if cfg.ablate_K:
+        items = data["test"]["general"]
+        opts = {}
+        for K in cfg.ablate_K:
+            cl = reference_clusters(model, tok, {"general-mc": data["pools"]["general-mc"]}, {"general-mc": K},
+                                    cfg.n_ref_cluster, cfg.min_ref, seed)
+            cc = None if cache_config is None else dict(cache_config, K={"general-mc": K})
+            opts[f"K={K}"] = (cluster_keys(model, tok, items, cl),
+                              dowp_select(model, tok, cl.ref, bands, cache_config=cc, **kw))
+        out["table5"] = reselect_ablation(model, tok, items, opts, cfg.batch)
+    if cfg.readings:
+        items, keys = by_dom("general")
+        ref = {c: v for c, v in clusters.ref.items() if c.startswith("general-")}
+        opts = {f"scope={s}, {m}": (keys, dowp_select(model, tok, ref, bands, scope=s, mode=m,
+                                                      cache_config=cache_config, **kw)) for s, m in cfg.readings}
+        out["readings"] = reselect_ablation(model, tok, items, opts, cfg.batch)
+    return out

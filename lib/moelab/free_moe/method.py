@@ -469,10 +469,23 @@ class MultiLevelRouter:
             self.sub[d] = labels[0] if len(labels) == 1 else self._clf().fit(features[sel], subdomains[sel])  # R_sub,j
         return self
 
-    def predict(self, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def predict(self, features: np.ndarray, allowed: Sequence | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Main domain, then subdomain (Eq. 7). ``allowed`` (optional, one collection of main labels per item): the
+        main level picks the most probable allowed label (the request's task type decides which main labels hold
+        an expert of that type; issue 35)."""
         if self.main is None:
             raise ValueError("router.predict before fit")
-        dom = self.main.predict(features)
+        if allowed is None:
+            dom = self.main.predict(features)
+        else:
+            if len(allowed) != len(features):
+                raise ValueError(f"router.predict: {len(allowed)} allowed sets for {len(features)} items")
+            classes = list(self.main.classes_)
+            ok = np.array([[c in set(a) for c in classes] for a in allowed])
+            if not ok.any(1).all():
+                raise ValueError(f"router.predict: an item allows none of the main labels {classes}")
+            proba = np.where(ok, self.main.predict_proba(features), -1.0)
+            dom = np.array(classes, dtype=object)[proba.argmax(1)]
         sub = np.empty(len(features), dtype=object)
         for d in np.unique(dom):
             sel = dom == d

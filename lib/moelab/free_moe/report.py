@@ -11,9 +11,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
+import matplotlib.pyplot as plt
 import torch
 from torch import nn
 
+from moelab.free_moe.data import task_usability
 from moelab.free_moe.experiment import DowpResult
 from moelab.free_moe.method import band_label, purified_share, target_linears
 from moelab.claims import with_range_pseudo_pairs
@@ -24,15 +26,22 @@ from moelab.suite.baselines import (HEURISTICS, N_FOLDS, best_position, chance, 
 __all__ = ["sweep_table", "quantisation_grid_stats", "improvement_table", "reference_gains", "pd_frame",
            "share_table", "count_weighted_max", "table1_selection", "FLIPS", "flip_table", "flip_summary",
            "METRIC_SCALE", "METRIC_RANGE", "METRIC_UNIT", "metric_of_task", "domain_summary", "side_by_side", "cross_domain_summary",
-           "baseline_table"]
+           "baseline_table", "ABLATION_CAPTION", "ablation_summary", "reference_vs_test", "fmt_row", "plot_band_sweep",
+           "plot_improvements", "plot_baselines", "plot_keep", "plot_reference_vs_test", "plot_ablation",
+           "selection_sentence", "closing_lines", "split_counts", "cluster_sentence", "group_sweep_tables",
+           "table1_summary", "regime_table", "baseline_table_from_scores", "baseline_sentence", "test_selected_row",
+           "ablation_sentence", "run_summary"]
 
 def sweep_table(sweep: pd.DataFrame, scale: float = 100.0) -> pd.DataFrame:
-    """Appendix Tables 6-10 layout: cluster, samples, one column per band (mean score x scale), max, share (%)."""
+    """Appendix Tables 6-10 layout: cluster, samples, one column per band (mean score x scale), max and best_band
+    over the selectable bands (rows with ``role == "band"`` when the sweep has roles: Wanda's 0-5% baseline row is
+    shown, never a maximum), share (%)."""
     t = sweep.groupby(["cluster", "band"], sort=False).score.mean().unstack("band") * scale
     cols = [c for c in sweep.band.drop_duplicates().tolist()]
     t = t[cols]
     samples = sweep[sweep.band == cols[0]].groupby("cluster", sort=False).size()
-    band_cols = [c for c in cols if c != "base"]
+    band_cols = ([c for c in cols if c != "base"] if "role" not in sweep.columns else
+                 sweep[sweep.role == "band"].band.drop_duplicates().tolist())
     t.insert(0, "samples", samples.reindex(t.index).values)
     t["max"] = t[band_cols].max(axis=1)
     t["best_band"] = t[band_cols].idxmax(axis=1)
@@ -260,9 +269,11 @@ def flip_summary(flips: pd.DataFrame, by: Sequence[str] = ("task", "gold_pos", "
 # ----------------------------------------------------------------------------------------------------------------
 # issue 22 item 1: accuracy and answer likelihood side by side, per task and per domain, with paired intervals and MDEs
 # ----------------------------------------------------------------------------------------------------------------
-METRIC_SCALE = {"acc": 100.0, "pass@1": 100.0, "pass@10": 100.0, "loglik": 1.0}
-METRIC_RANGE = {"acc": (0.0, 1.0), "pass@1": (0.0, 1.0), "pass@10": (0.0, 1.0)}   # bounded metrics, before scale
-METRIC_UNIT = {"acc": "points", "pass@1": "points", "pass@10": "points", "loglik": "nats/token"}
+METRIC_SCALE = {"acc": 100.0, "acc_norm": 100.0, "p_gold": 100.0, "p_gold_norm": 100.0, "pass@1": 100.0,
+                "pass@10": 100.0, "loglik": 1.0}
+METRIC_RANGE = {m: (0.0, 1.0) for m in METRIC_SCALE if m != "loglik"}     # bounded metrics, before scale
+METRIC_UNIT = {"acc": "points", "acc_norm": "points", "p_gold": "points of p(gold)/Σp", "p_gold_norm":
+               "points of p(gold)/Σp, per char", "pass@1": "points", "pass@10": "points", "loglik": "nats/token"}
 
 
 def metric_of_task(task: str) -> str:
@@ -436,3 +447,305 @@ def baseline_table(items: Sequence[dict], method_acc: dict, compare: str = "DOWP
                 row.update(lo=iv.low, hi=iv.high)
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# issue 35: ablations at their purified share, selection gains, and the notebook's figures and sentences
+# ----------------------------------------------------------------------------------------------------------------
+ABLATION_CAPTION = ("per option and metric: mean, share of all target weights purified, difference to the dense model "
+                    "with 95% interval, above base, best, best above base")
+
+
+def ablation_summary(items: pd.DataFrame, base: str = "base", level: float = 0.95) -> pd.DataFrame:
+    """Per metric and option of an ablation (per-item long table with method, task, id, metric, score,
+    purified_pct): n, mean (x METRIC_SCALE), mean purified share of all target weights, the paired difference to
+    ``base`` (the dense model) with its t-interval (bounded metrics with the claims engine's pseudo-pairs) and
+    ``above_base`` (interval above 0). ``best`` marks each metric's highest-mean option, and ``best_above_base``
+    says whether that winner beats the dense model (issue 35 item 3: "best" needs the winner above base)."""
+    rows = []
+    for met, g in items.groupby("metric", sort=False):
+        w = g.assign(id=g.id.astype(str)).pivot_table(index=["task", "id"], columns="method", values="score").dropna()
+        pct = g.groupby("method").purified_pct.mean()
+        sc = METRIC_SCALE.get(met, 1.0)
+        for opt in [c for c in dict.fromkeys(g.method) if c != base]:
+            r = _pair_row(w.rename(columns={opt: "a", base: "b"}), "a", "b", sc, None, level,
+                          _scaled_range(met, METRIC_SCALE) if met in METRIC_RANGE else None)
+            rows.append(dict(metric=met, option=opt, n=r["n"], mean=r["a_mean"], base=r["b_mean"],
+                             purified_pct=float(pct[opt]), diff=r["diff"], lo=r["lo"], hi=r["hi"],
+                             above_base=bool(r["lo"] > 0)))
+    out = pd.DataFrame(rows)
+    if len(out):
+        out["best"] = out["mean"] == out.groupby("metric")["mean"].transform("max")
+        win = out[out.best].groupby("metric").above_base.any()
+        out["best_above_base"] = out.metric.map(win).astype(bool)
+    return out
+
+
+def reference_vs_test(selection: pd.DataFrame, summary: pd.DataFrame, score_metric: dict | None = None) -> pd.DataFrame:
+    """DOWP's gain where θ* was selected (reference items, per cluster: optimistic) beside the held-out gain (test
+    items, per domain and task type) on the same accuracy-aligned score: p_gold (points) for multiple choice,
+    loglik (nats/token) for generative items."""
+    score_metric = score_metric or {"mc": "p_gold", "gen": "loglik"}
+    rows = []
+    for r in selection.itertuples():
+        met = score_metric[r.group.split("-")[1]]
+        k = METRIC_SCALE[met]
+        rows.append(dict(domain=r.domain, group=r.group, metric=met, data="reference (selection)", cluster=r.cluster,
+                         band=r.band, n=r.n_ref, gain=k * r.gain, lo=k * r.lo, hi=k * r.hi))
+    for r in summary[(summary.level == "domain") & (summary.method == "DOWP")].itertuples():
+        kind = next((kd for kd, m in score_metric.items() if m == r.metric), None)
+        if kind is not None:
+            rows.append(dict(domain=r.domain, group=f"{r.domain}-{kind}", metric=r.metric, data="test (report)",
+                             cluster="all", band="", n=r.n, gain=r.diff, lo=r.lo, hi=r.hi))
+    return pd.DataFrame(rows)
+
+
+def fmt_row(r) -> str:
+    """One summary row as text: difference, interval, n and MDE."""
+    return f"{r['diff']:+.3g} {r['unit']} [{r['lo']:+.3g}, {r['hi']:+.3g}] (n={r['n']}, MDE {r['mde']:.3g})"
+
+
+def _errorbars(ax, x, g, label=None, **kw):
+    ax.errorbar(x, g["diff"] if "diff" in g else g["gain"], fmt="o", capsize=3, label=label,
+                yerr=[(g["diff"] if "diff" in g else g["gain"]) - g["lo"], g["hi"] - (g["diff"] if "diff" in g
+                                                                                     else g["gain"])], **kw)
+
+
+def plot_band_sweep(sweep: pd.DataFrame, selection: pd.DataFrame):
+    """Tables 6-10 as lines: reference score per band (dense first, Wanda's baseline row last, dashed), one panel per
+    selection group, one line per cluster; the selected band circled, a cluster that kept the dense model marked."""
+    groups = list(dict.fromkeys(sweep.group))
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.0 * len(groups), 3.2), squeeze=False)
+    for ax, g in zip(axes[0], groups):
+        s = sweep[sweep.group == g]
+        met = "p_gold" if s.kind.iloc[0] == "mc" else "loglik"
+        cols = s.band.drop_duplicates().tolist()
+        m = s.groupby(["cluster", "band"], sort=False).score.mean().unstack("band")[cols] * METRIC_SCALE[met]
+        for c, row in m.iterrows():
+            line = ax.plot(range(len(cols)), row.to_numpy(), marker="o", ms=3, label=c)[0]
+            band = selection.set_index("cluster").band.get(c, "base")
+            ax.plot(cols.index(band), row[band], "o", ms=10, mfc="none", color=line.get_color())
+        ax.set_xticks(range(len(cols)), cols, rotation=60, fontsize=7)
+        ax.set_title(g, fontsize=9)
+        ax.set_ylabel(f"reference {met} ({METRIC_UNIT[met]})", fontsize=7)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+def plot_improvements(summary: pd.DataFrame, metrics: Sequence[str] = ("acc", "p_gold", "loglik")):
+    """Fig. 5 stand-in: method - BASELINE per task and metric with paired 95% intervals, DOWP and FREE-MOE."""
+    t = summary[(summary.level == "task") & summary.metric.isin(metrics)]
+    mets = [m for m in metrics if m in set(t.metric)]
+    fig, axes = plt.subplots(1, len(mets), figsize=(4.2 * len(mets), 3.4), squeeze=False)
+    for ax, met in zip(axes[0], mets):
+        tm = t[t.metric == met]
+        tasks = list(dict.fromkeys(tm.task))
+        for j, m in enumerate(("DOWP", "FREE-MOE")):
+            _errorbars(ax, np.arange(len(tasks)) + (j - 0.5) * 0.3, tm[tm.method == m].set_index("task").reindex(tasks),
+                       label=m)
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_xticks(range(len(tasks)), [x.replace("moelab_", "") for x in tasks], rotation=30, fontsize=7)
+        ax.set_ylabel(f"method - BASELINE ({METRIC_UNIT[met]})", fontsize=7)
+        ax.set_title(met)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_baselines(base_tab: pd.DataFrame):
+    """Accuracy per task: BASELINE and DOWP beside chance, the best fixed position and the best question-blind
+    baseline (both chosen on the test items)."""
+    bars = []
+    for task, g in base_tab.groupby("task", sort=False):
+        best = lambda kind: g[g.kind == kind].sort_values("acc").iloc[-1].acc
+        bars.append((task, [g[g.scorer == "BASELINE"].acc.iloc[0], g[g.scorer == "DOWP"].acc.iloc[0],
+                            g[g.kind == "chance"].acc.iloc[0], best("position"), best("question-blind")]))
+    fig, ax = plt.subplots(figsize=(1.9 * len(bars) + 3, 3.2))
+    for j, lab in enumerate(["BASELINE", "DOWP", "chance", "best position", "best question-blind"]):
+        ax.bar(np.arange(len(bars)) + (j - 2) * 0.16, [v[j] for _, v in bars], 0.16, label=lab)
+    ax.set_xticks(range(len(bars)), [t.replace("moelab_", "") for t, _ in bars], fontsize=7)
+    ax.set_ylabel("test accuracy (%)")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+def plot_keep(cross: pd.DataFrame):
+    """Extension: each domain's DSS-Experts on the other domains' items (purified - dense, per item domain and
+    metric, paired 95% intervals)."""
+    d = cross[cross.level == "domain"].reset_index(drop=True)
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(d) + 1.5), 3.2))
+    _errorbars(ax, np.arange(len(d)), d)
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set_xticks(range(len(d)), [f"{r.mask_domain} masks\non {r.domain} ({r.metric})" for r in d.itertuples()],
+                  fontsize=6, rotation=30)
+    ax.set_ylabel("purified - dense", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_reference_vs_test(honesty: pd.DataFrame):
+    """DOWP's gain where the band was selected (per cluster) vs on held-out test items (per domain), same score."""
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.8 * len(honesty) + 2), 3.2))
+    for j, (data, g) in enumerate(honesty.groupby("data", sort=False)):
+        _errorbars(ax, np.flatnonzero(honesty.data == data), g, label=data)
+    ax.set_xticks(range(len(honesty)), [f"{r.group}\n{r.cluster}" for r in honesty.itertuples()], fontsize=6,
+                  rotation=30)
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set_ylabel("DOWP - dense (p_gold points | nats/token)", fontsize=7)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_ablation(summary: pd.DataFrame, title: str = ""):
+    """An ablation: each option's difference to the dense model with its interval, the purified share on the x
+    labels (issue 35 item 3: options compared at their purified share, against base)."""
+    mets = list(dict.fromkeys(summary.metric))
+    fig, axes = plt.subplots(1, len(mets), figsize=(3.6 * len(mets), 3.0), squeeze=False)
+    for ax, met in zip(axes[0], mets):
+        g = summary[summary.metric == met].reset_index(drop=True)
+        _errorbars(ax, np.arange(len(g)), g)
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_xticks(range(len(g)), [f"{r.option}\n{r.purified_pct:.2f}%" for r in g.itertuples()], fontsize=7)
+        ax.set_title(f"{title} {met}".strip(), fontsize=8)
+        ax.set_ylabel("option - dense", fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def selection_sentence(selection: pd.DataFrame) -> str:
+    """How many clusters had a band to select, and each cluster's θ* with its reference gain and interval."""
+    n_sel = int(selection.selected.sum())
+    parts = [f"{r.cluster} {r.band} ({r.best_band} best: {100 * r.gain if r.group.endswith('-mc') else r.gain:+.3g} "
+             f"[{100 * r.lo if r.group.endswith('-mc') else r.lo:+.3g}, "
+             f"{100 * r.hi if r.group.endswith('-mc') else r.hi:+.3g}], n={r.n_ref})" for r in selection.itertuples()]
+    return (f"{n_sel} of {len(selection)} clusters had a band whose reference gain interval lies above 0; the "
+            f"others keep the dense model. Per cluster (θ*, best band, gain in p_gold points or nats/token): "
+            + "; ".join(parts) + ".")
+
+
+def closing_lines(summary: pd.DataFrame, metrics: Sequence[str] = ("acc", "p_gold", "loglik", "pass@1")) -> list:
+    """Per method, domain and metric of the held-out Table 1: the difference to BASELINE with its interval and MDE."""
+    d = summary[(summary.level == "domain") & summary.metric.isin(metrics)]
+    return [f"**{r.method}, {r.domain}, {r.metric}**: {fmt_row(r._asdict())}" for r in d.itertuples()]
+
+
+def split_counts(data: dict, clusters) -> pd.DataFrame:
+    """Items per split (reference = the clusters' selection items, pool = every held-out reference candidate, test,
+    train), main domain, task type and task."""
+    rows = [dict(split="reference", domain=it["domain"], kind=it["kind"], task=it["task"])
+            for its in clusters.ref.values() for it in its]
+    rows += [dict(split="pool", domain=it["domain"], kind=it["kind"], task=it["task"])
+             for its in data["pools"].values() for it in its]
+    rows += [dict(split=s, domain=it["domain"], kind=it["kind"], task=it["task"])
+             for s in ("test", "train") for its in data[s].values() for it in its]
+    rows += [dict(split="test", domain="code", kind="gen", task="moelab_humaneval") for _ in data["humaneval"]]
+    return pd.DataFrame(rows).value_counts().rename("items").reset_index()
+
+
+def cluster_sentence(table: pd.DataFrame, task_note: str) -> str:
+    """Which groups got their requested K and how many reference items each cluster selects on."""
+    fewer = table[table.K_used < table.K_requested].group.unique().tolist()
+    return (f"General tasks: {task_note}. {len(table)} clusters over {table.group.nunique()} selection groups, "
+            f"{table.reference.min()}-{table.reference.max()} reference items each; "
+            + (f"fewer clusters than requested in {', '.join(fewer)} (a cluster would have held under the minimum)."
+               if fewer else "every group got its requested K."))
+
+
+def group_sweep_tables(sweep: pd.DataFrame) -> pd.DataFrame:
+    """Appendix layout (:func:`sweep_table`) for every selection group, stacked: p_gold in points for multiple choice,
+    answer log-likelihood in nats/token for generative groups (column ``unit``)."""
+    parts = []
+    for g, s in sweep.groupby("group", sort=False):
+        met = "p_gold" if s.kind.iloc[0] == "mc" else "loglik"
+        t = sweep_table(s, scale=METRIC_SCALE[met])
+        t.insert(0, "unit", METRIC_UNIT[met])
+        t.insert(0, "group", g)
+        parts.append(t)
+    return pd.concat(parts, ignore_index=True)
+
+
+def table1_summary(scores: pd.DataFrame, target: dict | None = None) -> pd.DataFrame:
+    """:func:`domain_summary` of DOWP and of FREE-MOE against BASELINE, stacked (column ``method``)."""
+    return pd.concat([domain_summary(scores, a=m, target=target).rename(columns={m: "method_mean"}).assign(method=m)
+                      for m in ("DOWP", "FREE-MOE") if m in set(scores.method)], ignore_index=True)
+
+
+def regime_table(model_name: str, scores: pd.DataFrame) -> pd.DataFrame:
+    """Per test task and metric: the scorecard's usability of the task for the model, and whether accuracy claims on
+    it are inside the regime (usable) or ``outside the regime`` (the model is at chance there)."""
+    tasks = list(dict.fromkeys(scores.task))
+    status = task_usability(model_name, tasks)
+    rows = [dict(task=t, metrics=", ".join(dict.fromkeys(scores[scores.task == t].metric)), scorecard=status[t],
+                 accuracy_claims="inside the regime" if status[t] != "not usable" else "outside the regime")
+            for t in tasks]
+    return pd.DataFrame(rows)
+
+
+def baseline_table_from_scores(items: Sequence[dict], scores: pd.DataFrame) -> pd.DataFrame:
+    """:func:`baseline_table` for the multiple-choice test items, with each method's accuracy from the Table 1 long
+    table."""
+    mc = [it for it in items if it.get("choices")]
+    acc = scores[scores.metric == "acc"].assign(id=lambda d: d.id.astype(str))
+    acc = acc.pivot_table(index=["task", "id"], columns="method", values="score")
+    keys = [(it["task"], str(it["id"])) for it in mc]
+    return baseline_table(mc, {m: acc.loc[keys, m].to_numpy() for m in ("BASELINE", "DOWP", "FREE-MOE")})
+
+
+def baseline_sentence(base_tab: pd.DataFrame) -> str:
+    out = []
+    for task, g in base_tab.groupby("task", sort=False):
+        b = g[g.kind.isin(["position", "question-blind"])].sort_values("acc").iloc[-1]
+        out.append(f"- **{task}** (n={g.n.iloc[0]}): BASELINE {g[g.scorer == 'BASELINE'].acc.iloc[0]:.1f}%, DOWP "
+                   f"{g[g.scorer == 'DOWP'].acc.iloc[0]:.1f}%, chance {g[g.kind == 'chance'].acc.iloc[0]:.1f}%, best "
+                   f"options-only baseline *{b.scorer}* {b.acc:.1f}% (DOWP - it: {b['diff']:+.1f} [{b.lo:+.1f}, "
+                   f"{b.hi:+.1f}])")
+    return "\n".join(out)
+
+
+def test_selected_row(dowp: DowpResult) -> pd.DataFrame | None:
+    """Table 1's DOWP row two ways on the test-sweep items (:func:`table1_selection`), per selection group: on the
+    accuracy-aligned score (``p_gold`` points for multiple choice, ``loglik`` for generative) and on accuracy.
+    None when the profile swept no test items."""
+    ts = dowp.test_sweep
+    if ts is None or ts.empty:
+        return None
+    sel = {c: "base" if b is None else band_label(b) for c, b in dowp.selected.items()}
+    parts = []
+    for g, d in ts.groupby("group", sort=False):
+        for met in (["p_gold", "acc"] if d.kind.iloc[0] == "mc" else ["loglik"]):
+            x = d.assign(score=d[met], domain=g).dropna(subset=["score"])
+            parts.append(table1_selection(x, {c: sel[c] for c in x.cluster.unique()},
+                                          scale=METRIC_SCALE[met]).assign(metric=met))
+    return pd.concat(parts, ignore_index=True)
+
+
+def ablation_sentence(ablations: dict) -> str:
+    """Per ablation and metric: the best option, its purified share, whether it beats the dense model."""
+    out = []
+    for tid, items in ablations.items():
+        s = ablation_summary(items)
+        for r in s[s.best].itertuples():
+            out.append(f"{tid} {r.metric}: best {r.option} ({r.purified_pct:.2f}% of weights purified) "
+                       f"{r.diff:+.3g} vs dense [{r.lo:+.3g}, {r.hi:+.3g}]: "
+                       + ("above the dense model." if r.above_base else "not above the dense model, so no 'best'."))
+    return " ".join(out)
+
+
+def run_summary(selection: pd.DataFrame, summary: pd.DataFrame, cross: pd.DataFrame, table2: pd.DataFrame,
+                wall_s: float) -> str:
+    """The closing paragraph: clusters with a band, held-out DOWP and FREE-MOE per domain on the accuracy-aligned
+    score and on accuracy, the off-domain extension, Table 2's best ratio, wall time."""
+    lines = [selection_sentence(selection)]
+    lines += [f"- {x}" for x in closing_lines(summary, ("acc", "p_gold", "loglik"))]
+    off = cross[cross.level == "off-domain"]
+    lines.append("Extension (off-domain, purified - dense): " + "; ".join(
+        f"{r.mask_domain} masks {r.metric} {r['diff']:+.3g} [{r.lo:+.3g}, {r.hi:+.3g}]" for _, r in off.iterrows())
+        + ".")
+    best = table2[table2.best & (table2.metric == "p_gold")]
+    lines.append("Table 2 (p_gold): " + "; ".join(f"best ratio {r.option} {r.diff:+.3g} [{r.lo:+.3g}, {r.hi:+.3g}] "
+                                                  f"vs dense, {'above' if r.above_base else 'not above'} it"
+                                                  for r in best.itertuples()) + f". Wall time {wall_s:.0f} s.")
+    return "\n\n".join(lines)

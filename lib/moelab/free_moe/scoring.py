@@ -5,8 +5,7 @@ one log-likelihood scorer (issue 17); greedy/sampled HumanEval completions run i
 Per-item scores: multiple-choice accuracy (0/1, lm-eval's ``acc``), mean log-likelihood per token of a reference
 answer (where the data has no accuracy), HumanEval pass@k (the unbiased estimator of Chen et al. 2021, not the
 paper's Eq. 11). :func:`item_metrics` gives accuracy and answer likelihood of the same items from one scorer call
-(issue 22 item 1: the two metrics side by side; the gold option's likelihood is the answer likelihood of a
-multiple-choice item)."""
+with, for multiple choice, the choice-normalised probability of the gold option beside 0/1 accuracy (issue 35)."""
 from __future__ import annotations
 
 from typing import Callable, Sequence
@@ -21,7 +20,7 @@ __all__ = ["ScoreFn", "ITEM_METRICS", "continuation_logprobs", "choice_logprobs"
            "item_metrics", "generate_completions", "score_items", "humaneval_score_fn"]
 
 ScoreFn = Callable[[nn.Module, Sequence[dict]], np.ndarray]
-ITEM_METRICS = ("acc", "loglik", "pick")   # the columns of item_metrics
+ITEM_METRICS = ("score", "acc", "acc_norm", "p_gold", "p_gold_norm", "loglik", "pick")   # item_metrics columns
 
 # ----------------------------------------------------------------------------------------------------------------
 # scoring (batched log-likelihoods and greedy generation)
@@ -122,13 +121,16 @@ def generate_completions(model: nn.Module, tok, prompts: Sequence[str], max_new_
 
 def item_metrics(model: nn.Module, tok, items: Sequence[dict], batch_size: int = 16,
                  max_length: int = 512) -> np.ndarray:
-    """Accuracy and answer likelihood of each item from one ``moelab.suite.scorer`` call: [items, 3] with the
-    columns :data:`ITEM_METRICS`:
+    """Per-item scores from one ``moelab.suite.scorer`` call: [items, 7] with the columns :data:`ITEM_METRICS`:
 
-    - ``acc``: 0/1, the highest summed log-likelihood option is the gold one (lm-eval's ``acc``, as
-      :func:`choice_accuracy`); NaN for items without ``choices``;
-    - ``loglik``: mean log-likelihood per token (nats) of the gold option (multiple choice) or of the reference
-      ``answer`` (as :func:`answer_logprob`), the answer-likelihood metric; higher is better;
+    - ``score``: the accuracy-aligned continuous score Eq. 6 selects on: ``p_gold`` for multiple choice, ``loglik``
+      for items with a reference answer;
+    - ``acc`` / ``acc_norm``: 0/1, lm-eval's ``acc`` (highest summed log-likelihood) and ``acc_norm`` (highest
+      log-likelihood per character of the option); NaN without ``choices``;
+    - ``p_gold`` / ``p_gold_norm``: p(gold) / Σ p(options), plain and length-normalised
+      (``moelab.suite.scorer.choice_scores``; issue 35 item 1); NaN without ``choices``;
+    - ``loglik``: mean log-likelihood per token (nats) of the reference ``answer``; NaN for multiple choice (the raw
+      gold-option likelihood is not accuracy and is reported nowhere);
     - ``pick``: the option chosen (index; NaN without ``choices``), for the flip analysis.
     """
     reqs, spans = [], []
@@ -144,22 +146,23 @@ def item_metrics(model: nn.Module, tok, items: Sequence[dict], batch_size: int =
     lp = np.array([x for x, _ in scorer.loglikelihood_tokens(model, reqs, batch_size=batch_size)], dtype=float)
     ntok = np.array([len(x) for _, x in reqs], dtype=float)
     out = np.full((len(items), len(ITEM_METRICS)), np.nan)
+    col = {c: j for j, c in enumerate(ITEM_METRICS)}
     for k, ((a, b), it) in enumerate(zip(spans, items)):
         if it.get("choices"):
-            gold = int(it["label"])
-            pick = int(np.argmax(lp[a:b]))
-            out[k] = (float(pick == gold), lp[a + gold] / ntok[a + gold], pick)
+            cs = scorer.choice_scores(lp[a:b], int(it["label"]), [len(c.removeprefix(" ")) or 1 for c in it["choices"]])
+            for name, v in cs.items():
+                out[k, col[name]] = v
+            out[k, col["pick"]] = int(np.argmax(lp[a:b]))
+            out[k, col["score"]] = cs["p_gold"]
         else:
-            out[k, 1] = lp[a] / max(ntok[a], 1.0)
+            out[k, col["loglik"]] = out[k, col["score"]] = lp[a] / max(ntok[a], 1.0)
     return out
 
 
 def score_items(model: nn.Module, tok, items: Sequence[dict], batch_size: int = 16) -> np.ndarray:
-    """Per-item score: accuracy (0/1) for multiple-choice items (``choices`` present), else the reference answer's mean
-    log-likelihood per token (used where the reference data has no accuracy, e.g. code without tests); one
-    :func:`item_metrics` call."""
-    m = item_metrics(model, tok, items, batch_size)
-    return np.where(np.isnan(m[:, 0]), m[:, 1], m[:, 0])
+    """Per-item selection score (:func:`item_metrics`' ``score``): the gold option's choice-normalised probability for
+    multiple-choice items, else the reference answer's mean log-likelihood per token."""
+    return item_metrics(model, tok, items, batch_size)[:, 0]
 
 
 def humaneval_score_fn(tok, n: int = 1, ks: Sequence[int] = (1,), temperature: float = 0.8, max_new_tokens: int = 128,

@@ -24,7 +24,6 @@ from torch.utils.data import DataLoader
 
 from moelab import assets, cache, progress
 from moelab import train as mtrain
-from moelab.train import validation_flattened, validation_trend
 from moelab.moce.clustering import (ClusterModel, context_instruction, elbow_curve, embed_texts, find_knee,
                                     fit_clusters, instruction_texts)
 from moelab.moce.data import (btx_domain_splits, build_cache, collate, prompt_text, subsample, with_groups)
@@ -76,6 +75,32 @@ def per_item_nll(stack: TopStack, examples: list[dict], batch_size: int = 16) ->
         stack, reqs, batch_size=batch_size,
         batch_context=lambda rows, mask: group_context(stack.model, [groups[r] for r in rows], mask))
     return np.array([-lp / len(t) for (lp, _), (_, t) in zip(res, reqs)])
+
+
+def validation_trend(losses, window_frac: float = 0.2, tol: float = 0.02) -> tuple[str, float]:
+    """Where a validation-loss curve stands, by the suite's criterion (``moelab.train.flattened``: relative fall of the
+    smoothed loss over the last ``window_frac`` of the evaluations) with a rising loss told apart:
+
+    - ``"falling"``: relative fall >= ``tol`` (still improving; train longer);
+    - ``"flattened"``: 0 <= relative fall < ``tol`` (converged by the project's criterion);
+    - ``"rising"``: relative fall < 0 (the loss went *up*: over-fitting or instability, never "flattened");
+    - ``"too short"``: fewer than 4 evaluations (NaN fall).
+    Returns ``(trend, relative_fall)``.
+    """
+    x = np.asarray(losses, dtype=float).ravel()
+    if len(x) < 4:
+        return "too short", float("nan")
+    _, fall = mtrain.flattened(x, window_frac=window_frac, tol=tol)
+    if fall < 0:
+        return "rising", fall
+    return ("flattened" if fall < tol else "falling"), fall
+
+
+def validation_flattened(losses, window_frac: float = 0.2, tol: float = 0.02) -> tuple[bool, float]:
+    """``moelab.train.flattened`` for a validation loss, except that a rising loss is never "flattened" (issue 20,
+    item 2): ``(trend == "flattened", relative_fall)`` of :func:`validation_trend`."""
+    trend, fall = validation_trend(losses, window_frac, tol)
+    return trend == "flattened", fall
 
 
 STOP_REASONS = ("flattened", "rising", "patience", "budget")

@@ -30,7 +30,7 @@ from moelab.core.layer import aux_loss
 from moelab.core.losses import in_batch_contrastive
 from moelab.seed import seed_everything
 from moelab.suite import embed as suite_embed
-from moelab.train import PLATEAU_RULE, Hooks, TrainConfig, flattened, plateau_reached, train
+from moelab.train import Hooks, TrainConfig, flattened, train
 
 from .data import PairCollate, evaluate_benchmarks, evaluate_mteb_local, short_pairs
 from .geometry import collect_geometry, moe_specialisation, nomic_forward_fn, router_movement, st_forward_fn
@@ -43,6 +43,10 @@ __all__ = ["st_embed", "nomic_embed", "mnrl_loss", "finetune_embedder", "validat
            "swap_aggregation", "measure_embedder", "phase_c_run", "swap_run", "finetune_and_measure", "init_geometry",
            "drop_ablation_init", "nomic_measure",
            "nomic_finetune_and_measure", "evaluate_mteb_local_nomic", "PHASE_B_FILE", "run_from_config"]
+
+PLATEAU_RULE = ("stop at the first evaluation n (n >= window) where the best validation loss of the last `window` "
+                "evaluations is not below the best before them by at least `min_rel_improvement` (relative): "
+                "(min L[:n+1-window] - min L[n+1-window:n+1]) / |min L[:n+1-window]| < min_rel_improvement")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -145,6 +149,26 @@ def validation_mnrl(model, val_pairs, batch_size: int = 32, val_batches: int = 4
 # ----------------------------------------------------------------------------------------------------------------------
 # phase (b): linear aggregation, length by a validation-loss criterion
 # ----------------------------------------------------------------------------------------------------------------------
+def plateau_reached(val_losses, window: int = 3, min_rel_improvement: float = 0.01) -> tuple[bool, float]:
+    """The stop rule of phase (b) (:data:`PLATEAU_RULE`; issue 19 item 1b): over the validation losses
+    ``L_0..L_n`` (one per evaluation),
+    ``improvement = (min L[:n+1-window] - min L[n+1-window:]) / |min L[:n+1-window]|``;
+    stop when it is below ``min_rel_improvement``. Returns ``(stop, improvement)``; ``(False, nan)`` while fewer than
+    ``window + 1`` losses exist."""
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"window={window!r} must be an int >= 1 (evaluations)")
+    if not 0 <= min_rel_improvement < 1:
+        raise ValueError(f"min_rel_improvement={min_rel_improvement!r} must be in [0, 1) (e.g. 0.01 = 1%)")
+    x = np.asarray(val_losses, dtype=float).ravel()
+    if not np.all(np.isfinite(x)):
+        raise ValueError("validation losses contain non-finite values")
+    if len(x) <= window:
+        return False, float("nan")
+    before, recent = x[:len(x) - window].min(), x[len(x) - window:].min()
+    imp = float((before - recent) / max(abs(before), 1e-12))
+    return bool(imp < min_rel_improvement), imp
+
+
 class _PlateauStop(Exception):
     """Raised from the trainer's on_eval hook when :func:`plateau_reached` says stop."""
 

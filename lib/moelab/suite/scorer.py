@@ -424,3 +424,32 @@ def loglikelihood_embeddings(model, requests: Sequence[tuple[torch.Tensor, Seque
 def bits_per_byte(loglikelihood: float, text: str) -> float:
     """``-loglikelihood / ln 2 / bytes(text)`` (at least one byte): the suite's answer-likelihood metric."""
     return float(-loglikelihood / math.log(2) / max(1, len(text.encode("utf-8"))))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# multiple choice: 0/1 accuracy and the accuracy-aligned continuous score from the options' log-likelihoods
+# ----------------------------------------------------------------------------------------------------------------
+def choice_scores(logliks: Sequence[float], gold: int, lengths: Sequence[float] | None = None) -> dict:
+    """One multiple-choice item from its options' summed log-likelihoods ``ℓ_i`` (this scorer's output):
+
+    - ``acc``: 1 if argmax_i ℓ_i is the gold option (lm-eval's ``acc``; ties -> the first option, numpy's argmax);
+    - ``p_gold``: the choice-normalised probability of the gold option, p(gold) / Σ_i p(option i) = softmax(ℓ)_gold,
+      the continuous score whose argmax is ``acc`` (moves only where accuracy can);
+    - with ``lengths`` (lm-eval's ``acc_norm`` normaliser: the options' character lengths), ``acc_norm`` = 1 if
+      argmax_i ℓ_i / len_i is gold, and ``p_gold_norm`` = softmax(ℓ / len)_gold, its continuous counterpart.
+
+    The raw gold log-likelihood ℓ_gold is not returned: it moves with every option alike and is not accuracy
+    (issue 35). Used by notebook 05 (Free-MoE) through ``moelab.free_moe.scoring.item_metrics``."""
+    lp = torch.as_tensor(list(logliks), dtype=torch.float64)
+    if lp.dim() != 1 or len(lp) < 2:
+        raise ValueError(f"choice_scores: need the log-likelihoods of at least two options, got {list(logliks)!r}")
+    if not 0 <= int(gold) < len(lp):
+        raise ValueError(f"choice_scores: gold={gold} is not an option index (0..{len(lp) - 1})")
+    out = dict(acc=float(int(torch.argmax(lp)) == int(gold)), p_gold=float(torch.softmax(lp, 0)[int(gold)]))
+    if lengths is not None:
+        ln = torch.as_tensor(list(lengths), dtype=torch.float64)
+        if ln.shape != lp.shape or bool((ln <= 0).any()):
+            raise ValueError(f"choice_scores: lengths {list(lengths)!r} must be positive, one per option")
+        z = lp / ln                                                            # ℓ_i / len_i   (acc_norm)
+        out.update(acc_norm=float(int(torch.argmax(z)) == int(gold)), p_gold_norm=float(torch.softmax(z, 0)[int(gold)]))
+    return out
