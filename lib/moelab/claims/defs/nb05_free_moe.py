@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from moelab.claims import ByConstruction, Claim, Insufficient, Items, MissingTable, Options, Regime, Unobtainable
+from moelab.claims import (ByConstruction, Claim, Insufficient, Items, MissingTable, NotInProfile, Options, Regime,
+                           Unobtainable)
 
 ITEMS = "table1_main-items"            # per test item, method and metric (acc 0/1, loglik nats/token, pass@k)
 KEEP = "keep_off-domain-items"          # per probe item: dense vs another domain's DSS-Experts, answer likelihood
@@ -151,9 +152,38 @@ def _pivot(T, table: str, task: str, metric: str):
     return SCALE[metric] * s.pivot_table(index=["task", "id"], columns="method", values="score").dropna()
 
 
+SELECTED = "table6-10_selection"   # per reference cluster: best band, its reference gain and interval, selected
+FULL_ONLY = ("table1_selection", "table3_sublayers-items", "table4_patch-items", "table5_kmeans-items")
+# generative tasks only: on the multiple-choice tasks the scorecard gate (the claims' regime) decides first
+TASK_GROUP = {NLL_MATHS: "maths-gen", NLL_CODE: "code-gen"}
+
+
+def no_band_selected(T, task: str) -> str | None:
+    """Why DOWP equals the dense model on ``task``: no reference cluster of its task type had a band whose reference
+    gain interval lies above 0 (the selection gate of notebook 05), or None."""
+    if not T.has(SELECTED) or task not in TASK_GROUP:
+        return None
+    s = T.csv(SELECTED)
+    s = s[s["group"] == TASK_GROUP[task]]
+    if s.empty or bool(s["selected"].astype(bool).any()):
+        return None
+    best = "; ".join(f"{r.cluster} {r.best_band} {r.gain:+.3g} [{r.lo:+.3g}, {r.hi:+.3g}]" for r in s.itertuples())
+    return (f"0 of {len(s)} {TASK_GROUP[task]} reference clusters had a band whose reference gain interval lies above "
+            f"0 (best bands: {best}), so every cluster keeps the dense model and DOWP equals it on these items")
+
+
+def full_only(T, table: str):
+    """``NotInProfile`` for a table that only the full profile's ablations save, or None."""
+    if table in FULL_ONLY and not T.has(table) and T.profile in ("smoke", "default"):
+        return NotInProfile("full", f"{table}.csv is saved by the full profile's ablations")
+    return None
+
+
 def pair_evidence(task: str, metric: str, a: str, b: str, table: str = ITEMS):
     """Items evidence: method ``a`` vs ``b`` on the same test items of ``task`` in ``metric``."""
     def evidence(T):
+        if (why := no_band_selected(T, task)) is not None:
+            return Insufficient(why)
         p = _pivot(T, table, task, metric)
         if isinstance(p, str):
             return Insufficient(p)
@@ -169,6 +199,8 @@ def pair_evidence(task: str, metric: str, a: str, b: str, table: str = ITEMS):
 def options_evidence(table: str, task: str, metric: str, options):
     """Options evidence over items: each option's per-item score on ``task`` in ``metric`` (aligned items)."""
     def evidence(T):
+        if (other := full_only(T, table)) is not None:
+            return other
         p = _pivot(T, table, task, metric)
         if isinstance(p, str):
             return Insufficient(p)
@@ -228,6 +260,8 @@ def reference_gain_evidence(T):
 def test_selection_evidence(T):
     """The paper's DOWP row selects each cluster's band on the test items it reports; on the same items that row is
     at least ours (a maximum over bands is at least any one band)."""
+    if (other := full_only(T, SELECTION)) is not None:
+        return other
     s = T.csv(SELECTION)
     w = s.pivot_table(index=["metric", "domain"], columns="protocol", values="score")
     need = ["test-selected (optimistic)", "reference-selected, test-reported"]
