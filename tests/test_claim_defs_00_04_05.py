@@ -223,3 +223,22 @@ def test_00_balancing_with_one_training_seed_is_not_decided(tmp_path):
                         for l in range(3) for b in range(8)])
     rec = evaluate(_claim(nb00, "balancing_loss_lowers_imbalance"), _folder(tmp_path, {"table4_load_imbalance": imb}))
     assert rec["verdict"] == "inconclusive" and rec["n_seeds"] == 1 and np.isclose(rec["ours"], -0.9)
+
+
+def test_05_bands_selected_on_at_chance_items_gate_the_likelihood_claims(tmp_path):
+    """A folder from before the gated selection whose maths bands were chosen on moelab_math_mc (at chance for
+    SmolLM2): GSM-style likelihood is outside the regime; FREE-MoE's code likelihood too (its router uses every
+    domain's band); DOWP's code likelihood (bands chosen on code likelihood) is not gated. With the gated selection
+    table present the check defers to it."""
+    from moelab.claims.defs import nb05_free_moe as nb05
+
+    src = Path(__file__).resolve().parents[1] / "figures" / "05_free_moe" / "full"
+    dst = tmp_path / "f"
+    shutil.copytree(src, dst)
+    T = Tables(dst)
+    assert "moelab_math_mc" in nb05.selected_at_chance(T, nb05.NLL_MATHS)
+    assert nb05.selected_at_chance(T, nb05.NLL_CODE) is None
+    assert nb05.selected_at_chance(T, nb05.NLL_CODE, all_domains=True) is not None
+    assert nb05.usable(T, nb05.NLL_MATHS, "loglik").passed is False
+    pd.DataFrame({"group": ["maths-gen"], "selected": [False]}).to_csv(dst / f"{nb05.SELECTED}.csv", index=False)
+    assert nb05.usable(Tables(dst), nb05.NLL_MATHS, "loglik").passed is True

@@ -52,6 +52,7 @@ PAPER_KEEP = ("§3.1 (Eq. 5 text): the purified patches 'are considered less cru
 
 BASELINES = "baselines_accuracy"          # per MC task: the model's accuracy beside chance / position / question-blind
 LL_TASKS = (NLL_MATHS, NLL_CODE)
+SELECTED = "table6-10_selection"   # per reference cluster: best band, its reference gain and interval, selected
 LL_PROXY_FOR = ("the paper's accuracy / pass@1 column: the likelihood of held-out reference answers (GSM-style "
                 "solutions, stdlib code) on a task where docs/scorecard.md finds SmolLM2 usable (no chance level); "
                 "decided on sign only")
@@ -72,14 +73,38 @@ def _scorecard_usable(T, task: str) -> tuple[bool, str]:
     return ok, f"docs/scorecard.md: {name} {'usable' if ok else 'not usable'} for {model}"
 
 
-def usable(T, task: str, metric: str) -> Regime:
+LL_DOMAIN = {NLL_MATHS: "maths", NLL_CODE: "code"}
+
+
+def selected_at_chance(T, task: str, all_domains: bool = False) -> str | None:
+    """Why ``task``'s domain had its band selected on noise, or None: a folder from before the gated selection (no
+    ``table6-10_selection``) whose domain's reference items are a multiple-choice task the scorecard marks unusable
+    (the model at chance), so the band that purifies this task's items was chosen on chance-level scores."""
+    if T.has(SELECTED) or task not in LL_DOMAIN or not T.has("data_domains"):
+        return None
+    d = T.csv("data_domains")
+    # FREE-MoE routes each item to any domain's DSS-Experts (its router errors use a foreign domain's band)
+    refs = d[(d.split == "reference") & (all_domains | (d.domain == LL_DOMAIN[task]))].task.unique()
+    bad = [t for t in refs if t.startswith("moelab_") and t not in LL_TASKS and not _scorecard_usable(T, t)[0]]
+    if not bad:
+        return None
+    whose = "the bands FREE-MoE routes to" if all_domains else f"the {LL_DOMAIN[task]} bands"
+    return (f"{whose} were selected on {', '.join(bad)} reference items, which "
+            f"{_scorecard_usable(T, bad[0])[1]} (the model is at chance there), so the selected band is chosen on "
+            "noise; the rerun selects on the task's own type with a gain interval above 0")
+
+
+def usable(T, task: str, metric: str, all_domains: bool = False) -> Regime:
     """The regime check of a claim on ``task`` in ``metric`` (issue 32: the same check for every claim on the task):
     accuracy on a multiple-choice task needs the model above chance, the best always-same-position and the best
     question-blind baseline (``baselines_accuracy``, the scorecard's rule); pass@k needs at least one passed item;
     the likelihood of reference answers on the nll tasks has no chance level (docs/scorecard.md: usable)."""
     if metric == "loglik" and task in LL_TASKS:
-        return Regime("reference-answer likelihood on a usable nll task (docs/scorecard.md: SmolLM2 is usable on "
-                      "nll_code, nll_maths, nll_reasoning)", f"{task}: no chance level", True)
+        check = ("reference-answer likelihood on a usable nll task (docs/scorecard.md: SmolLM2 is usable on "
+                 "nll_code, nll_maths, nll_reasoning), with its domain's bands selected on items the model can do")
+        if (why := selected_at_chance(T, task, all_domains)) is not None:
+            return Regime(check, why, False)
+        return Regime(check, f"{task}: no chance level", True)
     if metric.startswith("pass@"):
         s = T.csv(ITEMS)
         b = s[(s.task == task) & (s.metric == metric) & (s.method == "BASELINE")]
@@ -120,13 +145,14 @@ def proxy_guard(task: str, metric: str, evidence):
     return guarded
 
 
-def _claim_gates(task: str, metric: str) -> dict:
-    """determined_by / regime / proxy_for of a claim on ``task`` in ``metric`` (gain, ratio and ablation claims)."""
+def _claim_gates(task: str, metric: str, all_domains: bool = False) -> dict:
+    """determined_by / regime / proxy_for of a claim on ``task`` in ``metric`` (gain, ratio and ablation claims);
+    ``all_domains``: the claim's items may be purified with any domain's band (FREE-MoE's router)."""
     kw = dict(determined_by="training")
     if metric == "loglik":
         kw["proxy_for"] = LL_PROXY_FOR
         # nll tasks: no chance level; multiple choice: the accuracy check (proxy_guard keeps a failed one undecided)
-        kw["regime"] = lambda T: usable(T, task, metric if task in LL_TASKS else "acc")
+        kw["regime"] = lambda T: usable(T, task, metric if task in LL_TASKS else "acc", all_domains)
     else:
         kw["regime"] = lambda T: usable(T, task, metric)
     return kw
@@ -152,7 +178,6 @@ def _pivot(T, table: str, task: str, metric: str):
     return SCALE[metric] * s.pivot_table(index=["task", "id"], columns="method", values="score").dropna()
 
 
-SELECTED = "table6-10_selection"   # per reference cluster: best band, its reference gain and interval, selected
 FULL_ONLY = ("table1_selection", "table3_sublayers-items", "table4_patch-items", "table5_kmeans-items")
 # generative tasks only: on the multiple-choice tasks the scorecard gate (the claims' regime) decides first
 TASK_GROUP = {NLL_MATHS: "maths-gen", NLL_CODE: "code-gen"}
@@ -285,7 +310,7 @@ def _gain_claim(id, method, task, column, paper_value, metric="acc", legacy=None
                  unit=LL_UNIT if proxy else ACC_UNIT, paper_metric=column, paper_unit=ACC_UNIT,
                  paper_higher_is_better=True, proxy=proxy, paper_value=paper_value, compare=(method, "BASELINE"),
                  legacy=legacy, evidence=proxy_guard(task, metric, pair_evidence(task, metric, method, "BASELINE")),
-                 **_claim_gates(task, metric), **kw)
+                 **_claim_gates(task, metric, all_domains=method == "FREE-MOE"), **kw)
 
 
 def _keep_claim(domain: str):
