@@ -32,13 +32,13 @@ def _free_items():
 # ---------------------------------------------------------------- accuracy and choice-normalised score from one call
 def test_item_metrics_match_naive(model, tok):
     items = _mc_items() + _free_items()
-    got = fm.item_metrics(model, tok, items, batch_size=3)
-    assert fm.ITEM_METRICS == ("score", "acc", "acc_norm", "p_gold", "p_gold_norm", "loglik", "pick")
-    assert got.shape == (len(items), len(fm.ITEM_METRICS))
-    col = {c: j for j, c in enumerate(fm.ITEM_METRICS)}
+    got = fm.scoring.item_metrics(model, tok, items, batch_size=3)
+    assert fm.scoring.ITEM_METRICS == ("score", "acc", "acc_norm", "p_gold", "p_gold_norm", "loglik", "pick")
+    assert got.shape == (len(items), len(fm.scoring.ITEM_METRICS))
+    col = {c: j for j, c in enumerate(fm.scoring.ITEM_METRICS)}
     for k, it in enumerate(items):
         if "choices" in it:
-            lp, _ = fm.continuation_logprobs(model, tok, [it["prompt"]] * 3, it["choices"])
+            lp, _ = fm.scoring.continuation_logprobs(model, tok, [it["prompt"]] * 3, it["choices"])
             pick, gold = int(np.argmax(lp)), it["label"]
             p = np.exp(lp - lp.max()) / np.exp(lp - lp.max()).sum()                     # naive softmax over options
             ln = np.array([len(c.removeprefix(" ")) for c in it["choices"]], float)
@@ -51,17 +51,17 @@ def test_item_metrics_match_naive(model, tok):
             assert np.isnan(got[k, col["loglik"]])                          # raw gold likelihood: reported nowhere
         else:
             assert np.isnan(got[k, [col["acc"], col["p_gold"], col["pick"]]]).all()
-            assert got[k, col["loglik"]] == pytest.approx(fm.answer_logprob(model, tok, [it])[0], abs=1e-4)
+            assert got[k, col["loglik"]] == pytest.approx(fm.scoring.answer_logprob(model, tok, [it])[0], abs=1e-4)
             assert got[k, col["score"]] == got[k, col["loglik"]]
-    np.testing.assert_allclose(fm.score_items(model, tok, items), got[:, 0], atol=1e-5)
+    np.testing.assert_allclose(fm.scoring.score_items(model, tok, items), got[:, 0], atol=1e-5)
     with pytest.raises(ValueError, match="neither 'choices' nor 'answer'"):
-        fm.item_metrics(model, tok, [dict(id="x", prompt="p")])
+        fm.scoring.item_metrics(model, tok, [dict(id="x", prompt="p")])
 
 
 # ---------------------------------------------------------------- one scoring per (item, mask)
 def test_evaluate_methods_shares_item_mask_pairs(model, tok):
-    ranks = fm.patch_ranks(model, fm.collect_input_norms(model, _batches(tok)))
-    masks = {"a": fm.band_mask(ranks, (0, 30)), "b": fm.band_mask(ranks, (70, 100))}
+    ranks = fm.method.patch_ranks(model, fm.method.collect_input_norms(model, _batches(tok)))
+    masks = {"a": fm.method.band_mask(ranks, (0, 30)), "b": fm.method.band_mask(ranks, (70, 100))}
     items = _free_items() + _mc_items()
     n = len(items)
     dowp_keys = ["a", "b"] * (n // 2) + ["a"] * (n % 2)
@@ -72,24 +72,24 @@ def test_evaluate_methods_shares_item_mask_pairs(model, tok):
 
     def score_fn(m, its):
         calls.append(len(its))
-        return fm.item_metrics(m, tok, its, batch_size=2)
-    got = fm.evaluate_methods(model, tok, items, routes, score_fn=score_fn, columns=fm.ITEM_METRICS)
+        return fm.scoring.item_metrics(m, tok, its, batch_size=2)
+    got = fm.experiment.evaluate_methods(model, tok, items, routes, score_fn=score_fn, columns=fm.scoring.ITEM_METRICS)
     assert sum(calls) == n + n + 2                                  # dense once, DOWP once, only the misrouted twice
-    assert list(got.columns) == ["method", "task", "id", *fm.ITEM_METRICS] and len(got) == 3 * n
+    assert list(got.columns) == ["method", "task", "id", *fm.scoring.ITEM_METRICS] and len(got) == 3 * n
     for method, (keys, ms) in routes.items():                       # naive: every method on its own
-        ref = fm.routed_scores(model, tok, items, keys or [None] * n, ms or {}, batch_size=2,
-                               score_fn=lambda m, its: fm.item_metrics(m, tok, its))
+        ref = fm.experiment.routed_scores(model, tok, items, keys or [None] * n, ms or {}, batch_size=2,
+                               score_fn=lambda m, its: fm.scoring.item_metrics(m, tok, its))
         g = got[got.method == method]
-        np.testing.assert_allclose(g[list(fm.ITEM_METRICS)].to_numpy(), ref, atol=1e-4)
-    long = fm.to_long(got)
+        np.testing.assert_allclose(g[list(fm.scoring.ITEM_METRICS)].to_numpy(), ref, atol=1e-4)
+    long = fm.experiment.to_long(got)
     assert set(long.metric) == {"acc", "acc_norm", "p_gold", "p_gold_norm", "loglik"}
     assert (long[long.metric == "loglik"].task == "free").all()     # multiple choice has no raw-likelihood row
-    one = fm.evaluate_methods(model, tok, _free_items(), {"BASELINE": (None, None)})
+    one = fm.experiment.evaluate_methods(model, tok, _free_items(), {"BASELINE": (None, None)})
     assert list(one.columns) == ["method", "task", "id", "score"]
     with pytest.raises(ValueError, match="no mask for routing keys"):
-        fm.evaluate_methods(model, tok, items, {"X": (["c"] * n, masks)})
+        fm.experiment.evaluate_methods(model, tok, items, {"X": (["c"] * n, masks)})
     with pytest.raises(ValueError, match="routing keys"):
-        fm.evaluate_methods(model, tok, items, {"X": (["a"], masks)})
+        fm.experiment.evaluate_methods(model, tok, items, {"X": (["a"], masks)})
 
 
 # ---------------------------------------------------------------- selection: paper grid, Wanda a baseline row, gate
@@ -103,7 +103,7 @@ def test_select_with_gate_matches_naive():
             rows += [dict(domain="g", group="g-mc", cluster=c, band=band, item=i, score=x) for i, x in enumerate(v)]
     sw = pd.DataFrame(rows)
     bands = [(50.0, 55.0), (95.0, 100.0)]
-    sel, table = fm.select_with_gate(sw, bands)
+    sel, table = fm.experiment.select_with_gate(sw, bands)
     t = table.set_index("cluster")
     for c in ("g-mc_0", "g-mc_1"):
         w = sw[sw.cluster == c].pivot_table(index="item", columns="band", values="score")
@@ -115,7 +115,7 @@ def test_select_with_gate_matches_naive():
         assert t.loc[c, "selected"] == (d.mean() - h > 0)
         assert sel[c] == ((50.0, 55.0) if t.loc[c, "selected"] else None)
     assert sel["g-mc_0"] == (50.0, 55.0) and sel["g-mc_1"] is None and t.loc["g-mc_1", "band"] == "base"
-    assert fm.select_with_gate(sw, bands, gate=False)[0]["g-mc_1"] is not None
+    assert fm.experiment.select_with_gate(sw, bands, gate=False)[0]["g-mc_1"] is not None
 
 
 def test_dowp_select_gate_and_test_sweep(model, tok):
@@ -136,20 +136,20 @@ def test_dowp_select_gate_and_test_sweep(model, tok):
     np.testing.assert_array_equal(mcs.score, mcs.p_gold)                           # MC selects on p(gold)/Σp
     fr = sw[sw.cluster == "code-gen_0"]
     np.testing.assert_array_equal(fr.score, fr.loglik)
-    sel, table = fm.select_with_gate(sw, bands)
+    sel, table = fm.experiment.select_with_gate(sw, bands)
     assert sel == with_test.selected
     pd.testing.assert_frame_equal(table, with_test.selection)
     for c, b in with_test.selected.items():                                      # gated -> dense, no ratio masks
         m = with_test.masks[c]
         assert (m["selected"] is None) == (b is None) and ("ratio1" in m) == (b is not None)
         assert m["best"] is not None and m["0-5%"] is not None
-    texts = [fm.calibration_text(it) for it in ref["code-gen_0"]]
-    norms = fm.collect_input_norms(model, fm.tokenize_batches(tok, texts, 8, 256), max_tokens=256)
-    ranks = fm.patch_ranks(model, norms)
+    texts = [fm.data.calibration_text(it) for it in ref["code-gen_0"]]
+    norms = fm.method.collect_input_norms(model, fm.data.tokenize_batches(tok, texts, 8, 256), max_tokens=256)
+    ranks = fm.method.patch_ranks(model, norms)
     ts = with_test.test_sweep
     for band in [*bands, (0, 5)]:                                    # naive: apply the band, score the test items
-        with fm.apply_mask(model, fm.band_mask(ranks, band)):
-            naive = fm.item_metrics(model, tok, test["code-gen_0"])[:, 0]
+        with fm.method.apply_mask(model, fm.method.band_mask(ranks, band)):
+            naive = fm.scoring.item_metrics(model, tok, test["code-gen_0"])[:, 0]
         got = ts[(ts.cluster == "code-gen_0") & (ts.band == fm.band_label(band))].sort_values("item").score
         np.testing.assert_allclose(got.to_numpy(), naive, atol=1e-4)
     with pytest.raises(ValueError, match="without reference items"):
@@ -161,42 +161,42 @@ def test_dowp_select_gate_and_test_sweep(model, tok):
 
 
 def test_band_sweep_columns_need_a_score(model, tok):
-    ranks = fm.patch_ranks(model, fm.collect_input_norms(model, _batches(tok)))
+    ranks = fm.method.patch_ranks(model, fm.method.collect_input_norms(model, _batches(tok)))
     items = _free_items()[:2]
-    fn = lambda m, its: np.column_stack([fm.item_metrics(m, tok, its)[:, 1]] * 2)
-    sw = fm.band_sweep(model, {"c": ranks}, {"c": items}, fn, [(0, 5)], columns=("score", "loglik"))
+    fn = lambda m, its: np.column_stack([fm.scoring.item_metrics(m, tok, its)[:, 1]] * 2)
+    sw = fm.experiment.band_sweep(model, {"c": ranks}, {"c": items}, fn, [(0, 5)], columns=("score", "loglik"))
     assert list(sw.columns) == ["cluster", "band", "item", "score", "loglik"] and len(sw) == 4
     with pytest.raises(ValueError, match="'score' column"):
-        fm.band_sweep(model, {"c": ranks}, {"c": items}, fn, [(0, 5)], columns=("a", "b"))
+        fm.experiment.band_sweep(model, {"c": ranks}, {"c": items}, fn, [(0, 5)], columns=("a", "b"))
     with pytest.raises(ValueError, match="gave 2 columns"):
-        fm.band_sweep(model, {"c": ranks}, {"c": items}, fn, [(0, 5)], columns=("score",))
+        fm.experiment.band_sweep(model, {"c": ranks}, {"c": items}, fn, [(0, 5)], columns=("score",))
 
 
 def test_eq3_keys_as_domain(model, tok):
     ref = {"code": [dict(prompt=t) for t in TEXTS[:4]], "maths": [dict(prompt=t) for t in TEXTS[4:]]}
-    sd = fm.assign_subdomains(model, tok, ref, {"code": [], "maths": []}, k=2)
+    sd = fm.experiment.assign_subdomains(model, tok, ref, {"code": [], "maths": []}, k=2)
     items = [dict(prompt=t, domain="maths") for t in TEXTS]
-    keys = fm.eq3_keys(model, tok, items, sd, as_domain="code")
-    F = fm.embedding_features(model, tok, TEXTS)
+    keys = fm.experiment.eq3_keys(model, tok, items, sd, as_domain="code")
+    F = fm.method.embedding_features(model, tok, TEXTS)
     mu = sd["code"]["kmeans"].cluster_centers_
     naive = [f"code_{c}" for c in np.argmin(((F[:, None] - mu[None]) ** 2).sum(-1), 1)]
     assert list(keys) == naive and items[0]["domain"] == "maths"             # the items themselves are unchanged
     with pytest.raises(ValueError, match="as_domain"):
-        fm.eq3_keys(model, tok, items, sd, as_domain="general")
+        fm.experiment.eq3_keys(model, tok, items, sd, as_domain="general")
 
 
 # ---------------------------------------------------------------- the primary-metric rule
 def test_primary_metric(monkeypatch, tmp_path):
     csv = tmp_path / "scorecard.csv"
     monkeypatch.setattr(fm_data.scorecard, "CSV", csv)
-    assert fm.primary_metric("m", ["moelab_a"])[0] == "acc"                  # no scorecard: the paper's accuracy
+    assert fm.data.primary_metric("m", ["moelab_a"])[0] == "acc"                  # no scorecard: the paper's accuracy
     csv.write_text("model,task,status\nm,moelab_a,usable\nm,moelab_nll_code,usable\nm,moelab_b,not usable\n")
     fm_data._usable_tasks.cache_clear()                                    # one scorecard lookup per model
-    assert fm.primary_metric("m", ["moelab_a"])[0] == "acc"
-    assert fm.task_usability("m", ["moelab_a", "moelab_b"]) == {"moelab_a": "usable", "moelab_b": "not usable"}
-    metric, note = fm.primary_metric("m", ["moelab_a", "moelab_b"])
+    assert fm.data.primary_metric("m", ["moelab_a"])[0] == "acc"
+    assert fm.data.task_usability("m", ["moelab_a", "moelab_b"]) == {"moelab_a": "usable", "moelab_b": "not usable"}
+    metric, note = fm.data.primary_metric("m", ["moelab_a", "moelab_b"])
     assert metric == "loglik" and "moelab_b" in note
-    assert fm.primary_metric("llama", ["moelab_b"])[0] == "acc"               # a paper model: not in the scorecard
+    assert fm.data.primary_metric("llama", ["moelab_b"])[0] == "acc"               # a paper model: not in the scorecard
     fm_data._usable_tasks.cache_clear()
 
 
@@ -209,7 +209,7 @@ def test_baseline_table_matches_naive():
              dict(id="e", task="t2", label=0, choices=[" left", " right"]),
              dict(id="f", task="t2", label=0, choices=[" up", " down"])]
     acc = {"BASELINE": [1, 0, 0, 1, 0, 1], "DOWP": [1, 1, 0, 0, 1, 1]}
-    t = fm.baseline_table(items, acc, n_folds=2)
+    t = fm.report.baseline_table(items, acc, n_folds=2)
     for task, idx in (("t1", [0, 1, 2]), ("t2", [3, 4, 5])):
         r = t[t.task == task].set_index("scorer")
         views = [dict(choices=[c.strip() for c in items[i]["choices"]], gold=items[i]["label"]) for i in idx]
@@ -236,11 +236,11 @@ def test_baseline_table_matches_naive():
         assert r.loc["cv_logreg", "kind"] == "question-blind" and r.loc["DOWP", "kind"] == "model"
         assert (r.n == 3).all()
     with pytest.raises(ValueError, match="compare"):
-        fm.baseline_table(items, acc, compare="FREE-MOE")
+        fm.report.baseline_table(items, acc, compare="FREE-MOE")
     with pytest.raises(ValueError, match="has 2 scores"):
-        fm.baseline_table(items, {"DOWP": [1, 0]})
+        fm.report.baseline_table(items, {"DOWP": [1, 0]})
     with pytest.raises(ValueError, match="no choices"):
-        fm.baseline_table([dict(id="x", task="t", prompt="p", answer="a")], {"DOWP": [1]})
+        fm.report.baseline_table([dict(id="x", task="t", prompt="p", answer="a")], {"DOWP": [1]})
 
 
 # ---------------------------------------------------------------- what one domain's masks do to the others
@@ -289,7 +289,7 @@ def test_domain_summary_long_table_keeps_metrics_apart():
             rows.append(dict(method=m, domain="general", task="moelab_bb_x", id=i, metric="loglik",
                              score=-2 + rng.normal(0, 0.2)))
     sc = pd.DataFrame(rows)
-    out = fm.domain_summary(sc)
+    out = fm.report.domain_summary(sc)
     dom = out[out.level == "domain"].set_index("metric")
     assert sorted(dom.index) == ["acc", "loglik"] and (dom.n == 9).all()
     for met, k in (("acc", 100.0), ("loglik", 1.0)):
@@ -302,12 +302,12 @@ def test_item_metrics_and_shared_scoring_on_cuda(tok):
     m_cpu = _tiny_llama(seed=4)
     m_gpu = _tiny_llama(seed=4).cuda()
     items = _mc_items() + _free_items()
-    np.testing.assert_allclose(fm.item_metrics(m_gpu, tok, items), fm.item_metrics(m_cpu, tok, items), atol=1e-3)
-    ranks = fm.patch_ranks(m_cpu, fm.collect_input_norms(m_cpu, _batches(tok)))
-    masks = {"a": fm.band_mask(ranks, (0, 30))}
+    np.testing.assert_allclose(fm.scoring.item_metrics(m_gpu, tok, items), fm.scoring.item_metrics(m_cpu, tok, items), atol=1e-3)
+    ranks = fm.method.patch_ranks(m_cpu, fm.method.collect_input_norms(m_cpu, _batches(tok)))
+    masks = {"a": fm.method.band_mask(ranks, (0, 30))}
     routes = {"BASELINE": (None, None), "DOWP": (["a"] * len(items), masks)}
-    fn = lambda m, its: fm.item_metrics(m, tok, its)
-    g = fm.evaluate_methods(m_gpu, tok, items, routes, score_fn=fn, columns=fm.ITEM_METRICS)
-    c = fm.evaluate_methods(m_cpu, tok, items, routes, score_fn=fn, columns=fm.ITEM_METRICS)
-    np.testing.assert_allclose(g[list(fm.ITEM_METRICS)].to_numpy(), c[list(fm.ITEM_METRICS)].to_numpy(), atol=1e-3)
+    fn = lambda m, its: fm.scoring.item_metrics(m, tok, its)
+    g = fm.experiment.evaluate_methods(m_gpu, tok, items, routes, score_fn=fn, columns=fm.scoring.ITEM_METRICS)
+    c = fm.experiment.evaluate_methods(m_cpu, tok, items, routes, score_fn=fn, columns=fm.scoring.ITEM_METRICS)
+    np.testing.assert_allclose(g[list(fm.scoring.ITEM_METRICS)].to_numpy(), c[list(fm.scoring.ITEM_METRICS)].to_numpy(), atol=1e-3)
     assert torch.equal(m_gpu.model.layers[0].mlp.up_proj.weight.cpu(), m_cpu.model.layers[0].mlp.up_proj.weight)

@@ -41,11 +41,11 @@ TABLE7 = [(240, 12.92, 15.00, 15.83, 18.75, 13.75, 17.08, 16.67, 17.50, 15.83, 1
 @pytest.mark.parametrize("rows,table1", [(TABLE6, 47.79), (TABLE7, 22.21)])
 def test_count_weighted_max_reproduces_the_papers_dowp_row(rows, table1):
     t = pd.DataFrame(rows, columns=["samples", *BANDS])
-    assert round(fm.count_weighted_max(t), 2) == table1                 # Table 1's DOWP cell (MMLU 47.79, GSM8K 22.21)
+    assert round(fm.report.count_weighted_max(t), 2) == table1                 # Table 1's DOWP cell (MMLU 47.79, GSM8K 22.21)
     naive = sum(r[0] * max(r[1:]) for r in rows) / sum(r[0] for r in rows)
-    assert abs(fm.count_weighted_max(t) - naive) < 1e-12
+    assert abs(fm.report.count_weighted_max(t) - naive) < 1e-12
     with pytest.raises(ValueError, match="band columns"):
-        fm.count_weighted_max(t[["samples"]])
+        fm.report.count_weighted_max(t[["samples"]])
 
 
 def _test_sweep():
@@ -62,7 +62,7 @@ def _test_sweep():
 def test_table1_selection_matches_naive():
     sw = _test_sweep()
     selected = {"general_0": (50.0, 55.0), "general_1": (0.0, 5.0), "maths_0": "95-100%"}
-    got = fm.table1_selection(sw, selected).set_index(["domain", "protocol"])
+    got = fm.report.table1_selection(sw, selected).set_index(["domain", "protocol"])
     bands = ["0-5%", "50-55%", "95-100%"]
     for dom in ["general", "maths"]:
         d = sw[sw.domain == dom]
@@ -83,7 +83,7 @@ def test_table1_selection_matches_naive():
             got.loc[(dom, "reference-selected, test-reported"), "score"]
         assert got.loc[(dom, "BASELINE"), "n_items"] == n
     with pytest.raises(ValueError, match="no reference-selected band"):
-        fm.table1_selection(sw, {"general_0": (0, 5)})
+        fm.report.table1_selection(sw, {"general_0": (0, 5)})
 
 
 # ---------------------------------------------------------------- item 4: flips
@@ -100,7 +100,7 @@ DOWP = [1, 0, 0, 1, 1]
 
 
 def test_flip_table_and_summary_match_naive():
-    ft = fm.flip_table(ITEMS, BASE, DOWP, dowp_pick=[0, 0, 0, 0, 4])
+    ft = fm.report.flip_table(ITEMS, BASE, DOWP, dowp_pick=[0, 0, 0, 0, 4])
     assert ft.flip.tolist() == ["up", "down", "both wrong", "both right", "up"]
     assert ft.gold_pos.tolist() == [0, 2, 1, 0, 4] and ft.n_options.tolist() == [5, 5, 2, 2, 5]
     for r, it in zip(ft.itertuples(), ITEMS):
@@ -113,7 +113,7 @@ def test_flip_table_and_summary_match_naive():
         for h in baselines.HEURISTICS:
             assert getattr(r, f"blind_{h}") == baselines.heuristic_correct([dict(choices=opts, gold=it["label"])], h)[0]
     assert bool(ft.loc[0, "gold_is_most_similar"])                       # the "centre" date is the gold one
-    s = fm.flip_summary(ft, by=("task", "gold_is_most_similar")).set_index(["feature", "value"])
+    s = fm.report.flip_summary(ft, by=("task", "gold_is_most_similar")).set_index(["feature", "value"])
     for task in {it["task"] for it in ITEMS}:
         sub = ft[ft.task == task]
         row = s.loc[("task", task)]
@@ -121,12 +121,12 @@ def test_flip_table_and_summary_match_naive():
         assert row.net == row.up - row.down and row.n == len(sub)
         assert row.dowp_acc == pytest.approx(np.mean([DOWP[i] for i, it in enumerate(ITEMS) if it["task"] == task]))
     assert s.n.groupby(level="feature").sum().tolist() == [5, 5]
-    cv = fm.flip_table(ITEMS * 2, BASE * 2, DOWP * 2, n_folds=2)           # option-only classifier, cross-validated
+    cv = fm.report.flip_table(ITEMS * 2, BASE * 2, DOWP * 2, n_folds=2)           # option-only classifier, cross-validated
     assert len(cv) == 10 and cv.blind_cv_logreg.between(0, 1).all()
     with pytest.raises(ValueError, match="0/1 accuracy"):
-        fm.flip_table(ITEMS, [0.5] * 5, DOWP)
+        fm.report.flip_table(ITEMS, [0.5] * 5, DOWP)
     with pytest.raises(ValueError, match="no choices"):
-        fm.flip_table([dict(id="x", prompt="p", answer="a")], [0], [1])
+        fm.report.flip_table([dict(id="x", prompt="p", answer="a")], [0], [1])
 
 
 # ---------------------------------------------------------------- item 1: accuracy beside likelihood
@@ -161,10 +161,10 @@ def _naive(x, y, target=None, span=None):
 def test_domain_summary_interval_is_the_claims_engines():
     """A task where no item flips reads 0 [-w, +w] with the engine's MDE, never a zero-width interval (issue 22)."""
     sc = _scores()
-    acc = sc[sc.task.map(fm.metric_of_task) == "acc"].copy()
+    acc = sc[sc.task.map(fm.report.metric_of_task) == "acc"].copy()
     base = acc[acc.method == "BASELINE"].set_index("id").score
     acc.loc[acc.method == "DOWP", "score"] = acc.loc[acc.method == "DOWP", "id"].map(base).to_numpy()   # no flips
-    out = fm.domain_summary(acc)
+    out = fm.report.domain_summary(acc)
     for r in out.itertuples():
         w = acc[acc.task == r.task] if r.level == "task" else acc[acc.domain == r.domain]
         w = 100.0 * w.pivot_table(index=["task", "id"], columns="method", values="score")
@@ -179,15 +179,15 @@ def test_domain_summary_interval_is_the_claims_engines():
 
 def test_domain_summary_matches_naive_and_never_pools():
     sc = _scores()
-    out = fm.domain_summary(sc, target={"acc": 2.0, "loglik": 0.05})
+    out = fm.report.domain_summary(sc, target={"acc": 2.0, "loglik": 0.05})
     assert set(out.columns) >= {"level", "domain", "task", "metric", "unit", "n", "DOWP", "BASELINE", "diff", "lo",
                                 "hi", "se", "df", "mde", "target", "n_needed", "powered"}
     for r in out.itertuples():
         if r.level == "task":
             sub = sc[sc.task == r.task]
         else:                                                          # a domain's tasks of this one metric only
-            sub = sc[(sc.domain == r.domain) & (sc.task.map(fm.metric_of_task) == r.metric)]
-        assert sub.task.map(fm.metric_of_task).nunique() == 1            # never pooled across metrics
+            sub = sc[(sc.domain == r.domain) & (sc.task.map(fm.report.metric_of_task) == r.metric)]
+        assert sub.task.map(fm.report.metric_of_task).nunique() == 1            # never pooled across metrics
         w = sub.pivot_table(index=["task", "id"], columns="method", values="score")
         k = 100.0 if r.metric == "acc" else 1.0
         diff, lo, hi, mde, need = _naive(k * w.DOWP, k * w.BASELINE, {"acc": 2.0, "loglik": 0.05}[r.metric],
@@ -199,14 +199,14 @@ def test_domain_summary_matches_naive_and_never_pools():
     dom = out[out.level == "domain"]
     assert sorted(zip(dom.domain, dom.metric)) == [("code", "loglik"), ("general", "acc"), ("maths", "acc"),
                                                    ("maths", "loglik")]
-    wide = fm.side_by_side(out)
+    wide = fm.report.side_by_side(out)
     assert list(wide.columns[:6]) == ["domain", "acc_diff", "acc_lo", "acc_hi", "acc_mde", "acc_n"]
     m = wide.set_index("domain")
     assert m.loc["maths", "acc_n"] == 10 and m.loc["maths", "loglik_n"] == 8 and np.isnan(m.loc["code", "acc_diff"])
-    fr = fm.domain_summary(sc.drop(columns="domain"), a="FREE-MOE",
+    fr = fm.report.domain_summary(sc.drop(columns="domain"), a="FREE-MOE",
                            domain_of={t: d for t, d in zip(sc.task, sc.domain)})
     assert "FREE-MOE" in fr.columns and len(fr) == len(out)
     with pytest.raises(ValueError, match="method 'WANDA'"):
-        fm.domain_summary(sc, a="WANDA")
+        fm.report.domain_summary(sc, a="WANDA")
     with pytest.raises(ValueError, match="domain"):
-        fm.domain_summary(sc.drop(columns="domain"))
+        fm.report.domain_summary(sc.drop(columns="domain"))

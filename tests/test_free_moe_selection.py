@@ -24,16 +24,16 @@ NB = Path(__file__).resolve().parents[1] / "notebooks" / "05_free_moe.py"
 def test_configs_are_frozen_and_on_the_paper_grid():
     for p in ("smoke", "default", "full", "paper"):
         c = fm.config_for(p)
-        assert c.profile == p and set(c.bands) <= set(fm.APPENDIX_BANDS) and fm.WANDA_BAND not in c.bands
+        assert c.profile == p and set(c.bands) <= set(fm.method.APPENDIX_BANDS) and fm.method.WANDA_BAND not in c.bands
         assert c.n_ref_cluster >= c.min_ref
         with pytest.raises(FrozenInstanceError):
             c.n_test = 1
     for p in ("default", "full", "paper"):
-        assert fm.config_for(p).min_ref >= fm.MIN_REF == 40
-    assert fm.config_for("full").bands == fm.APPENDIX_BANDS and fm.config_for("paper").device == "auto"
+        assert fm.config_for(p).min_ref >= fm.config.MIN_REF == 40
+    assert fm.config_for("full").bands == fm.method.APPENDIX_BANDS and fm.config_for("paper").device == "auto"
     assert fm.config_for("default").device == "cpu"
     with pytest.raises(ValueError, match="paper's 50-100% grid"):
-        fm.config_for("default", bands=(fm.WANDA_BAND,))
+        fm.config_for("default", bands=(fm.method.WANDA_BAND,))
     with pytest.raises(ValueError, match="at least 40"):
         fm.config_for("default", n_ref_cluster=10)
     with pytest.raises(ValueError, match="unknown PROFILE"):
@@ -54,9 +54,9 @@ def test_reference_clusters_use_fewer_clusters_rather_than_too_few_items(model, 
     pool = _items(TEXTS * 3)                                                     # 24 items
     cl = fm.reference_clusters(model, tok, {"code-gen": pool}, {"code-gen": 2}, n_per_cluster=5, min_ref=5)
     t = cl.table
-    F = fm.embedding_features(model, tok, [it["prompt"] for it in pool])
+    F = fm.method.embedding_features(model, tok, [it["prompt"] for it in pool])
     k = int(t.K_used.iloc[0])
-    labels = fm.fit_subdomains(F, k, 0).labels_
+    labels = fm.method.fit_subdomains(F, k, 0).labels_
     assert (t.reference <= 5).all() and (t.pool >= 5).all() and t.K_requested.iloc[0] == 2
     for c in range(k):                                                          # first pool items of each cluster
         assert [it["id"] for it in cl.ref[f"code-gen_{c}"]] == [pool[i]["id"] for i in np.flatnonzero(labels == c)[:5]]
@@ -72,7 +72,7 @@ def test_router_routes_within_the_request_type():
     F[:20, 0] += 4
     F[20:40, 1] += 4
     grp = np.array(["a-mc"] * 20 + ["b-gen"] * 20 + ["c-mc"] * 20)
-    r = fm.MultiLevelRouter().fit(F, grp, np.char.add(grp, "_0"))
+    r = fm.method.MultiLevelRouter().fit(F, grp, np.char.add(grp, "_0"))
     free, _ = r.predict(F)
     assert (free[:40] == grp[:40]).mean() > 0.9
     only_mc = [["a-mc", "c-mc"]] * 60
@@ -113,15 +113,15 @@ def test_ablation_summary_needs_the_winner_above_base():
 
 
 def test_ablation_items_report_the_share_of_all_weights(model, tok):
-    ranks = fm.patch_ranks(model, fm.collect_input_norms(model, _batches(tok)))
-    m = fm.band_mask(ranks, (50, 55))
+    ranks = fm.method.patch_ranks(model, fm.method.collect_input_norms(model, _batches(tok)))
+    m = fm.method.band_mask(ranks, (50, 55))
     items = [dict(id=i, task="t", prompt=t[:8], answer=t[8:]) for i, t in enumerate(TEXTS[:4])]
-    routes = {"base": (None, None), "attn": (["c"] * 4, {"c": fm.restrict_mask(m, "attn")}),
+    routes = {"base": (None, None), "attn": (["c"] * 4, {"c": fm.method.restrict_mask(m, "attn")}),
               "both": (["c"] * 4, {"c": m})}
-    long = fm.ablation_items(model, tok, items, routes, batch_size=2)
-    total = sum(l.weight.numel() for l in fm.target_linears(model).values())
-    attn = sum(l.weight.numel() for n, l in fm.target_linears(model).items()
-               if n.endswith(fm.SUBLAYER_PROJECTIONS["attn"]))
+    long = fm.experiment.ablation_items(model, tok, items, routes, batch_size=2)
+    total = sum(l.weight.numel() for l in fm.method.target_linears(model).values())
+    attn = sum(l.weight.numel() for n, l in fm.method.target_linears(model).items()
+               if n.endswith(fm.method.SUBLAYER_PROJECTIONS["attn"]))
     pct = long.groupby("method").purified_pct.first()
     assert pct["base"] == 0 and pct["both"] == pytest.approx(5.0, abs=0.5)
     assert pct["attn"] == pytest.approx(5.0 * attn / total, abs=0.5)           # attention purifies a smaller share

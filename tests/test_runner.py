@@ -169,7 +169,7 @@ def test_missing_paper_inputs_say_what_to_pass():
     from moelab.assets import MissingAsset
 
     with pytest.raises(MissingAsset) as e:
-        free_moe.load_local_model(None)
+        free_moe.experiment.load_local_model(None)
     msg = str(e.value)
     assert "make assets" not in msg and "-p MODEL_PATH=" in msg
 

@@ -203,14 +203,14 @@ def test_free_moe_and_domain_nll_wrappers_equal_old_loops(smollm2):
     mc = [dict(prompt=d["prompt"][-160:], choices=[" " + c for c in d["choices"]], label=d["gold"])
           for d in lmeval.task_docs("math_mc")[:2]]
     free = [dict(prompt=d["context"][-120:], answer=d["continuation"][:80]) for d in lmeval.task_docs("nll_maths")[:3]]
-    lp, n = free_moe.continuation_logprobs(model, tok, [f["prompt"] for f in free], [f["answer"] for f in free], 2)
+    lp, n = free_moe.scoring.continuation_logprobs(model, tok, [f["prompt"] for f in free], [f["answer"] for f in free], 2)
     old = [_naive_sum(model, enc(f["prompt"]), enc(f["answer"])) for f in free]
     assert np.max(np.abs(lp - old) / n) <= TOL_PER_TOKEN
-    np.testing.assert_allclose(free_moe.answer_logprob(model, tok, free, 2), np.array(old) / n, atol=TOL_PER_TOKEN)
+    np.testing.assert_allclose(free_moe.scoring.answer_logprob(model, tok, free, 2), np.array(old) / n, atol=TOL_PER_TOKEN)
     old_acc = [float(np.argmax([_naive_sum(model, enc(it["prompt"]), enc(c)) for c in it["choices"]]) == it["label"])
                for it in mc]
-    assert free_moe.choice_accuracy(model, tok, mc).tolist() == old_acc
-    got = free_moe.choice_logprobs(model, tok, mc[0]["prompt"], mc[0]["choices"])
+    assert free_moe.scoring.choice_accuracy(model, tok, mc).tolist() == old_acc
+    got = free_moe.scoring.choice_logprobs(model, tok, mc[0]["prompt"], mc[0]["choices"])
     ref = [_naive_sum(model, enc(mc[0]["prompt"]), enc(c)) for c in mc[0]["choices"]]
     np.testing.assert_allclose(got, ref, atol=1e-3)
     # lmeval.domain_nll: context with special tokens, answer with a leading space, tokenised apart

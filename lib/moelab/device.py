@@ -2,9 +2,10 @@
 
 The rule is :func:`moelab.train.resolve_device`'s (CUDA when a device is visible, bf16 where it supports it), applied
 to a model that only scores: on CUDA the weights are held in bf16 (fp16 on a GPU without bf16), on the CPU in fp32
-with every core's thread. Notebook 05's ``paper`` profile loads its local checkpoint through it::
+with every core's thread. Notebook 05's ``paper`` profile loads its local checkpoint through it
+(``moelab.free_moe.load_model(..., device="auto")`` calls)::
 
-    model, tok = moelab.device.load_for_inference(fm.load_local_model, MODEL_PATH)
+    model, tok = moelab.device.load_for_inference(load_local_model, MODEL_PATH)
 
 which prints what it uses, e.g. "model on cuda:0 (NVIDIA H100 80GB HBM3) in torch.bfloat16".
 """

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from moelab import assets, cache, progress
 from moelab.assets import MissingAsset
+from moelab.device import load_for_inference
 from moelab.free_moe.data import calibration_text, tokenize_batches
 from moelab.free_moe.method import (SUBLAYERS, WANDA_BAND, InputNorms, MaskSwitcher, MultiLevelRouter, apply_mask,
                                     band_label, band_mask, collect_input_norms, embedding_features, fit_subdomains,
@@ -104,17 +105,16 @@ def load_local_model(path, dtype=torch.float32):
 
 def load_model(profile: str, model_path=None, device: str = "cpu"):
     """The model a profile runs: SmolLM2-135M-Instruct from ``moelab.assets`` (smoke, default, full), or the paper
-    profile's local folder (:func:`load_local_model`). ``device="auto"`` puts the model on CUDA when one is present
-    (the paper profile; scoring, calibration and masks follow the weights' device). Returns (model, tok, name,
-    scorecard name)."""
+    profile's local folder (:func:`load_local_model`). ``device="cpu"`` loads it in fp32 on the CPU; ``"auto"`` places
+    it by :func:`moelab.device.load_for_inference` (CUDA in bf16 when present, and says so; scoring, calibration and
+    masks follow the weights' device). Returns (model, tok, name, scorecard name)."""
     if profile == "paper":
-        model, tok = load_local_model(model_path)
-        name = scorecard_name = str(model_path)
+        loader, args, name = load_local_model, (model_path,), str(model_path)
+        scorecard_name = name
     else:
-        model, tok = assets.load_smollm2()
+        loader, args = assets.load_smollm2, ()
         name, scorecard_name = "SmolLM2-135M-Instruct", "smollm2-135m-instruct"
-    if device == "auto" and torch.cuda.is_available():
-        model = model.to("cuda")
+    model, tok = loader(*args) if device == "cpu" else load_for_inference(loader, *args, device=device)
     return model, tok, name, scorecard_name
 
 
