@@ -180,11 +180,15 @@ def _snapshot(model) -> dict:
 def train_until_plateau(model, train_pairs, val_pairs, *, max_steps: int, eval_every: int, window: int = 3,
                         min_rel_improvement: float = 0.01, batch_size: int = 32, lr: float = 5e-5, seed: int = 0,
                         warmup_frac: float = 0.05, aux_coef: float = 0.01, val_batches: int = 4, collate=None,
-                        embed=st_embed, keep: str = "last", device: str = "auto") -> dict:
+                        embed=st_embed, keep: str = "last", device: str = "auto", stop_on_plateau: bool = True,
+                        probe=None, val_batch_size: int | None = None) -> dict:
     """Phase (b) of issue 19 (item 1b; notebook 02_sba): train ``model`` (the nomic-layout stand-in) with **linear**
     aggregation, MNRL + ``aux_coef`` × balancing loss, AdamW, warm-up then a constant learning rate, evaluating the
     validation MNRL every ``eval_every`` steps and stopping by :func:`plateau_reached` (``window`` evaluations,
-    ``min_rel_improvement``), at most ``max_steps`` steps.
+    ``min_rel_improvement``), at most ``max_steps`` steps (``stop_on_plateau=False``: exactly ``max_steps``, the rule
+    only reported). ``probe(model) -> dict`` (e.g. :class:`moelab.sba.regime.RegimeProbe`) adds its readings to every
+    evaluation row of ``val``. ``val_batch_size``: the validation batches' size (default ``batch_size``; fix it to
+    compare validation losses across training batch sizes: in-batch negatives make MNRL depend on it).
 
     Returns dict(checkpoint: CPU state dict at the stop step (``keep="last"``) or at the best validation loss
     (``keep="best"``), steps: steps trained, checkpoint_step, stopped: True when the rule fired (False = ``max_steps``
@@ -194,12 +198,13 @@ def train_until_plateau(model, train_pairs, val_pairs, *, max_steps: int, eval_e
         raise ValueError(f"keep={keep!r}; expected 'last' or 'best'")
     if not isinstance(eval_every, int) or eval_every < 1:
         raise ValueError(f"eval_every={eval_every!r} must be an int >= 1 (the rule needs evaluations)")
-    if max_steps < eval_every * (window + 1):
+    if stop_on_plateau and max_steps < eval_every * (window + 1):
         raise ValueError(f"max_steps={max_steps} < eval_every*(window+1)={eval_every * (window + 1)}: the rule could "
                          "never fire; raise max_steps or lower eval_every / window")
     set_aggregation(model, "linear")  # phase (b) is the linear-aggregation MoE the paper's figures describe
     seed_everything(seed)
-    loader, vb = _loader_and_val(model, train_pairs, val_pairs, batch_size, seed, val_batches, collate)
+    loader, _ = _loader_and_val(model, train_pairs, val_pairs, batch_size, seed, val_batches, collate)
+    vb = _val_batches(model, val_pairs, val_batch_size or batch_size, val_batches, collate)
     cfg = TrainConfig(lr=lr, steps=max_steps, warmup_frac=warmup_frac, decay="constant", weight_decay=0.01, seed=seed,
                       eval_every=eval_every, log_every=max(1, eval_every), max_grad_norm=1.0, device=device,
                       desc="phase-b", grad_accum=1)
@@ -216,18 +221,20 @@ def train_until_plateau(model, train_pairs, val_pairs, *, max_steps: int, eval_e
 
     def on_eval(step, metrics):
         v = float(metrics["val_mnrl"])
-        val_rows.append(dict(step=step, val_mnrl=v))
+        val_rows.append(dict(step=step, **{k: float(x) for k, x in metrics.items()}))
         if keep == "best" and v < state["best"]:
             state.update(best=v, ckpt=_snapshot(model), ckpt_step=step)
         stop, imp = plateau_reached([r["val_mnrl"] for r in val_rows], window, min_rel_improvement)
         state["imp"] = imp
-        if stop:
+        if stop and stop_on_plateau:
             state["stopped"] = True
             raise _PlateauStop
 
     t0 = pd.Timestamp.now()
     try:
-        train(model, loader, loss_fn=loss_fn, cfg=cfg, eval_fn=_val_fn(vb, embed),
+        val_fn = _val_fn(vb, embed)
+        train(model, loader, loss_fn=loss_fn, cfg=cfg,
+              eval_fn=val_fn if probe is None else (lambda m: {**val_fn(m), **probe(m)}),
               hooks=Hooks(after_step=after_step, on_eval=on_eval))
     except _PlateauStop:
         pass
