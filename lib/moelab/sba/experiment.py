@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import copy
 import math
+import os
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -25,24 +27,31 @@ import torch
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer
 
-from moelab.assets import minilm_path
-from moelab.core.layer import aux_loss
+from moelab.assets import load_minilm, minilm_path
+from moelab.cache import memo
+from moelab.core.layer import aux_loss, moe_layers
 from moelab.core.losses import in_batch_contrastive
 from moelab.seed import seed_everything
 from moelab.suite import embed as suite_embed
 from moelab.train import Hooks, TrainConfig, flattened, train
 
-from .data import PairCollate, evaluate_benchmarks, evaluate_mteb_local, short_pairs
+from .config import SbaProfile
+from .data import (PairCollate, evaluate_benchmarks, evaluate_mteb_local, load_allnli_triplets, load_mteb_local,
+                   short_pairs, wordnet_subject_texts)
 from .geometry import collect_geometry, moe_specialisation, nomic_forward_fn, router_movement, st_forward_fn
 from .loader import load_nomic
 from .method import check_aggregation, set_aggregation
-from .standin import build_moe_minilm, build_nomic_layout_minilm, init_damage, st_encode_fn
+from .items import evaluate_with_items
+from .regime import RegimeProbe
+from .standin import build_moe_minilm, build_nomic_layout_minilm, build_nomic_layout_moe, init_damage, st_encode_fn
 
 __all__ = ["st_embed", "nomic_embed", "mnrl_loss", "finetune_embedder", "validation_mnrl", "plateau_reached",
            "PLATEAU_RULE", "train_until_plateau", "phase_b_run", "load_checkpoint", "finetune_checkpoint",
            "swap_aggregation", "measure_embedder", "phase_c_run", "swap_run", "finetune_and_measure", "init_geometry",
            "drop_ablation_init", "nomic_measure",
-           "nomic_finetune_and_measure", "evaluate_mteb_local_nomic", "PHASE_B_FILE", "run_from_config"]
+           "nomic_finetune_and_measure", "evaluate_mteb_local_nomic", "PHASE_B_FILE", "run_from_config",
+           "moe_param_groups", "Setup", "setup", "separation", "phase_b", "phase_b_runs", "phase_c", "phase_c_runs", "swap_runs",
+           "drop_ablation"]
 
 PLATEAU_RULE = ("stop at the first evaluation n (n >= window) where the best validation loss of the last `window` "
                 "evaluations is not below the best before them by at least `min_rel_improvement` (relative): "
@@ -169,6 +178,23 @@ def plateau_reached(val_losses, window: int = 3, min_rel_improvement: float = 0.
     return bool(imp < min_rel_improvement), imp
 
 
+def moe_param_groups(model, lr: float, moe_lr: float, weight_decay: float = 0.01) -> list[dict]:
+    """AdamW groups: the MoE layers' parameters (experts, routers, shared bias) at ``moe_lr``, every other trainable
+    parameter at ``lr``; weight decay on tensors of >= 2 dimensions only (as :mod:`moelab.train`'s default)."""
+    if not (0 < lr < 1 and 0 < moe_lr < 1):
+        raise ValueError(f"lr={lr!r} and moe_lr={moe_lr!r} must be in (0, 1)")
+    moe = {id(p) for layer in moe_layers(model) for p in layer.parameters()}
+    if not moe:
+        raise ValueError("the model has no MoE layers: moe_lr needs them")
+    groups = {}
+    for p in model.parameters():
+        if p.requires_grad:
+            key = (id(p) in moe, p.ndim >= 2)
+            groups.setdefault(key, []).append(p)
+    return [dict(params=ps, lr=moe_lr if is_moe else lr, weight_decay=weight_decay if decay else 0.0)
+            for (is_moe, decay), ps in sorted(groups.items())]
+
+
 class _PlateauStop(Exception):
     """Raised from the trainer's on_eval hook when :func:`plateau_reached` says stop."""
 
@@ -181,7 +207,8 @@ def train_until_plateau(model, train_pairs, val_pairs, *, max_steps: int, eval_e
                         min_rel_improvement: float = 0.01, batch_size: int = 32, lr: float = 5e-5, seed: int = 0,
                         warmup_frac: float = 0.05, aux_coef: float = 0.01, val_batches: int = 4, collate=None,
                         embed=st_embed, keep: str = "last", device: str = "auto", stop_on_plateau: bool = True,
-                        probe=None, val_batch_size: int | None = None) -> dict:
+                        probe=None, val_batch_size: int | None = None, aggregation: str = "linear",
+                        moe_lr: float | None = None) -> dict:
     """Phase (b) of issue 19 (item 1b; notebook 02_sba): train ``model`` (the nomic-layout stand-in) with **linear**
     aggregation, MNRL + ``aux_coef`` × balancing loss, AdamW, warm-up then a constant learning rate, evaluating the
     validation MNRL every ``eval_every`` steps and stopping by :func:`plateau_reached` (``window`` evaluations,
@@ -189,6 +216,9 @@ def train_until_plateau(model, train_pairs, val_pairs, *, max_steps: int, eval_e
     only reported). ``probe(model) -> dict`` (e.g. :class:`moelab.sba.regime.RegimeProbe`) adds its readings to every
     evaluation row of ``val``. ``val_batch_size``: the validation batches' size (default ``batch_size``; fix it to
     compare validation losses across training batch sizes: in-batch negatives make MNRL depend on it).
+    ``aggregation``: the operator trained (phase (b): linear; phase (c) reuses this rule per aggregation).
+    ``moe_lr``: the learning rate of the MoE layers' experts and routers (None: ``lr`` for every parameter), the rest
+    of the model at ``lr`` (:func:`moe_param_groups`).
 
     Returns dict(checkpoint: CPU state dict at the stop step (``keep="last"``) or at the best validation loss
     (``keep="best"``), steps: steps trained, checkpoint_step, stopped: True when the rule fired (False = ``max_steps``
@@ -201,7 +231,7 @@ def train_until_plateau(model, train_pairs, val_pairs, *, max_steps: int, eval_e
     if stop_on_plateau and max_steps < eval_every * (window + 1):
         raise ValueError(f"max_steps={max_steps} < eval_every*(window+1)={eval_every * (window + 1)}: the rule could "
                          "never fire; raise max_steps or lower eval_every / window")
-    set_aggregation(model, "linear")  # phase (b) is the linear-aggregation MoE the paper's figures describe
+    set_aggregation(model, aggregation)  # phase (b): "linear", the MoE the paper's figures describe; (c): each arm
     seed_everything(seed)
     loader, _ = _loader_and_val(model, train_pairs, val_pairs, batch_size, seed, val_batches, collate)
     vb = _val_batches(model, val_pairs, val_batch_size or batch_size, val_batches, collate)
@@ -233,7 +263,8 @@ def train_until_plateau(model, train_pairs, val_pairs, *, max_steps: int, eval_e
     t0 = pd.Timestamp.now()
     try:
         val_fn = _val_fn(vb, embed)
-        train(model, loader, loss_fn=loss_fn, cfg=cfg,
+        train(model, loader, loss_fn=loss_fn, cfg=cfg, param_groups=None if moe_lr is None else moe_param_groups(
+              model, lr, moe_lr, weight_decay=cfg.weight_decay),
               eval_fn=val_fn if probe is None else (lambda m: {**val_fn(m), **probe(m)}),
               hooks=Hooks(after_step=after_step, on_eval=on_eval))
     except _PlateauStop:
@@ -523,3 +554,211 @@ def _no_unknown(cfg: dict, known: tuple, phase: str) -> None:
     unknown = sorted(set(cfg) - set(known))
     if unknown:
         raise ValueError(f"unknown phase-{phase} config keys {unknown}; known: {sorted(known)}")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the notebook's steps: one call each, every run its own cache entry (a stopped run resumes run by run), and the
+# choice between the MiniLM stand-in and nomic-embed-text-v2-moe itself (the paper profile)
+# ----------------------------------------------------------------------------------------------------------------------
+@dataclass
+class Setup:
+    """What every step of notebook 02 reads: the profile ``cfg``, the notebook's ``seed`` (benchmarks, subjects),
+    the data (training / validation pairs; held-out texts, probe texts), the benchmarks and the subject prompts; for
+    the paper profile the paths of nomic, all-nli and MTEB. ``conf`` identifies the data in every cache key."""
+    cfg: SbaProfile
+    seed: int
+    train_pairs: list
+    val_pairs: list
+    subjects: dict
+    conf: dict
+    dense: object = None
+    heldout: list = field(default_factory=list)
+    probe_texts: list = field(default_factory=list)
+    benches: dict = field(default_factory=dict)
+    model_path: str | None = None
+    mteb_tasks: dict | None = None
+
+    def evaluate(self, encode_fn):
+        """(scores, per-item scores) of ``encode_fn`` on this setup's benchmarks (:mod:`moelab.sba.items`)."""
+        return evaluate_with_items(encode_fn, self.benches, seed=self.seed)
+
+
+def setup(cfg: SbaProfile, seed: int = 0, model_path=None, nli_path=None, mteb_path=None) -> Setup:
+    """The data of notebook 02 for profile ``cfg`` (SBA paper §V-C): for the stand-in, the suite's (anchor,
+    positive) pairs of ``cfg.bench_profile`` whose two sides fit in ``cfg.max_pair_tokens`` MiniLM tokens, held-out
+    test texts (init damage), validation texts not used by the validation loss (router agreement), the suite's
+    benchmarks; for the paper profile (``cfg.stand_in`` False) all-nli triplets from ``nli_path`` and the MTEB tasks
+    from ``mteb_path``, nomic from ``model_path`` (or env MOELAB_NOMIC_PATH). Subjects: WordNet prompts."""
+    subjects = memo("wordnet_subjects", dict(n=cfg.n_subjects, per=cfg.per_subject, seed=seed),
+                    lambda: wordnet_subject_texts(cfg.n_subjects, cfg.per_subject, seed=seed))
+    if not cfg.stand_in:
+        path = model_path or os.environ.get("MOELAB_NOMIC_PATH")
+        return Setup(cfg, seed, load_allnli_triplets(nli_path, "train", limit=cfg.n_triplets),
+                     load_allnli_triplets(nli_path, "dev", limit=256), subjects, dict(path=str(path)),
+                     model_path=path, mteb_tasks=load_mteb_local(mteb_path))
+    dense = load_minilm()
+    dense.max_seq_length = 128
+    pairs = suite_embed.pairs(cfg.bench_profile)
+    n = cfg.max_pair_tokens
+    tok = lambda t: dense.tokenizer(t, truncation=True, max_length=n + 1)["input_ids"]  # noqa: E731
+    train, val = short_pairs(pairs["train"], tok, n), short_pairs(pairs["validation"], tok, n)
+    n_val = cfg.phase_b.val_batches * cfg.phase_b.val_batch_size
+    probe = [t for p in val[n_val:n_val + cfg.n_probe // 2] for t in p] or [t for p in val[:cfg.n_probe // 2] for t in p]
+    benches = suite_embed.benchmarks(cfg.bench_profile, dict(cfg.bench_sizes))
+    benches = {k: benches[k] for k in (cfg.benchmarks or benches)}
+    conf = dict(profile=cfg.bench_profile, sizes=dict(cfg.bench_sizes), names=list(benches), n_tok=n,
+                subjects=[cfg.n_subjects, cfg.per_subject, cfg.max_tokens], seed=seed)
+    return Setup(cfg, seed, train, val, subjects, conf, dense=dense,
+                 heldout=[t for p in pairs["test"][:cfg.n_heldout // 2] for t in p], probe_texts=probe, benches=benches)
+
+
+def separation(s: Setup) -> pd.DataFrame | None:
+    """Can the benchmarks separate two encoders? MiniLM, a bag-of-words and a random encoder scored on the very sets
+    scored later ([encoder, benchmark, metric, score, ci_low, ci_high, ...]; read by
+    :func:`moelab.sba.report.separation_table`). None for the paper profile."""
+    if not s.cfg.stand_in:
+        return None
+    return memo("sba_separation", dict(v=1, bench=s.conf), lambda: pd.concat(
+        [evaluate_benchmarks(fn, s.benches, seed=s.seed).assign(encoder=name) for name, fn in (
+            ("all-MiniLM-L6-v2", st_encode_fn(s.dense)), ("bag-of-words (tf-idf)", suite_embed.bow_encoder(s.benches)),
+            ("random", suite_embed.random_encoder()))], ignore_index=True))
+
+
+def _measure(model, s: Setup, evaluate: bool = True) -> dict:
+    """:func:`measure_embedder` plus per-item scores: dict(eval, items, geo, counts, similarity)."""
+    out = measure_embedder(model, subjects=s.subjects, max_tokens=s.cfg.max_tokens)
+    out["eval"], out["items"] = s.evaluate(st_encode_fn(model)) if evaluate else (None, None)
+    return out
+
+
+def _phase_b_conf(s: Setup, seed: int) -> dict:
+    c = s.cfg
+    return dict(v=2, data=s.conf, seed=seed, n_calib=c.n_calib, n_heldout=c.n_heldout, n_probe=c.n_probe,
+                damage_benchmarks=c.damage_benchmarks, **asdict(c.phase_b))
+
+
+def _phase_b_compute(s: Setup, seed: int) -> dict:
+    c, b = s.cfg, s.cfg.phase_b
+    rng = np.random.default_rng([seed, 2])  # the seed draws the calibration texts of the cluster-aware init
+    calib = [s.train_pairs[i][0] for i in sorted(rng.choice(len(s.train_pairs), c.n_calib, replace=False))]
+    damage = init_damage(s.dense, calib, s.heldout, seed=seed,
+                         evaluate=(lambda fn: s.evaluate(fn)[0]) if c.damage_benchmarks else None)
+    start = damage["models"]["cluster (nomic layout, compensated)"]
+    untrained = copy.deepcopy(start)
+    at_init = _measure(start, s, evaluate=False)
+    probe = RegimeProbe(start, s.probe_texts, s.subjects, c.max_tokens)
+    vb = dict(batch_size=b.val_batch_size, val_batches=b.val_batches)
+    init = dict(step=0, val_mnrl=validation_mnrl(start, s.val_pairs, **vb), **probe(start))
+    res = train_until_plateau(start, s.train_pairs, s.val_pairs, max_steps=b.steps, eval_every=b.eval_every,
+                              batch_size=b.batch_size, lr=b.lr, seed=seed, warmup_frac=b.warmup_frac,
+                              val_batches=b.val_batches, val_batch_size=b.val_batch_size, keep="last",
+                              stop_on_plateau=False, probe=probe, device="cpu")
+    trained = res["model"].eval()
+    end = res["val"].iloc[-1].to_dict()
+    readings = pd.DataFrame([dict(init, stage="init"), dict(end, stage="end")]).assign(seed=seed)
+    return dict(damage=damage["table"], damage_scores=damage["scores"], factors=damage["factors"], init=at_init,
+                after=_measure(trained, s), movement=router_movement(untrained, trained, [
+                    t for v in s.subjects.values() for t in v]), readings=readings,
+                trajectory=pd.concat([pd.DataFrame([init]), res["val"]], ignore_index=True).assign(seed=seed),
+                **{k: res[k] for k in ("checkpoint", "steps", "history", "wall_s", "stopped", "improvement")})
+
+
+def phase_b(s: Setup, seed: int) -> dict:
+    """Phases (a) and (b) for one ``seed`` (its own cache entry): the cluster-aware init calibrated on a seeded draw
+    of training anchors, compensated (phase a; its damage against dense MiniLM), measured, then trained with linear
+    aggregation for the profile's schedule with the regime probe at every evaluation; the end measured (benchmarks
+    with per-item scores, geometry, router movement). Paper profile: nomic itself, measured (no init)."""
+    if not s.cfg.stand_in:
+        return memo("sba_nomic_measure", dict(v=2, path=s.conf["path"], agg="linear", n=s.cfg.n_subjects,
+                                              per=s.cfg.per_subject, max_tokens=s.cfg.max_tokens),
+                    lambda: dict(after=nomic_measure(s.model_path, subjects=s.subjects, max_tokens=s.cfg.max_tokens,
+                                                     mteb_tasks=s.mteb_tasks, seed=s.seed, device=s.cfg.device)))
+    return memo("sba_phase_b", _phase_b_conf(s, seed), lambda: _phase_b_compute(s, seed))
+
+
+def phase_b_runs(s: Setup) -> dict:
+    """{seed: :func:`phase_b`} for every seed of the profile (the paper profile: one, nomic)."""
+    return {seed: phase_b(s, seed) for seed in (s.cfg.seeds if s.cfg.stand_in else s.cfg.seeds[:1])}
+
+
+def _phase_c_compute(s: Setup, pb: dict, agg: str, seed: int) -> dict:
+    c = s.cfg.phase_c
+    template = build_nomic_layout_moe(s.dense, init="sparse", seed=seed)  # the layout; weights from the checkpoint
+    m = load_checkpoint(template, pb["checkpoint"], agg)
+    vb = dict(batch_size=s.cfg.phase_b.val_batch_size, val_batches=c.val_batches)
+    val0 = validation_mnrl(m, s.val_pairs, **vb)
+    res = train_until_plateau(m, s.train_pairs, s.val_pairs, max_steps=c.max_steps, eval_every=c.eval_every,
+                              window=c.window, min_rel_improvement=c.min_rel_improvement, batch_size=c.batch_size,
+                              lr=c.lr, seed=seed, warmup_frac=c.warmup_frac, val_batches=c.val_batches,
+                              val_batch_size=vb["batch_size"], keep="best", aggregation=agg, device="cpu")
+    model = res["model"]
+    model.load_state_dict(res["checkpoint"])
+    val = pd.concat([pd.DataFrame([dict(step=0, val_mnrl=val0)]), res["val"]], ignore_index=True)
+    keys = ("steps", "checkpoint_step", "stopped", "improvement", "history", "wall_s")
+    return dict(val=val, val_init=val0, **{k: res[k] for k in keys}, **_measure(model.eval(), s))
+
+
+def phase_c(s: Setup, pb: dict, agg: str, seed: int) -> dict:
+    """Phase (c) for one phase-(b) seed and aggregation (its own cache entry): from that seed's checkpoint, fine-tune
+    with ``agg`` (data order by ``seed``) until the validation loss stops falling (:func:`plateau_reached`) or the
+    step budget, keep the best validation checkpoint, measure it (benchmarks with per-item scores, geometry). Paper
+    profile: nomic fine-tuned on all-nli with ``agg`` (the paper's schedule)."""
+    c = s.cfg.phase_c
+    if not s.cfg.stand_in:
+        return memo("sba_nomic_run", dict(v=2, agg=agg, seed=seed, path=s.conf["path"], n=s.cfg.n_subjects,
+                                          per=s.cfg.per_subject, max_tokens=s.cfg.max_tokens,
+                                          n_triplets=s.cfg.n_triplets, **asdict(c)),
+                    lambda: nomic_finetune_and_measure(
+                        model_path=s.model_path, aggregation=agg, seed=seed, train_triplets=s.train_pairs,
+                        val_triplets=s.val_pairs, subjects=s.subjects, steps=c.max_steps, batch_size=c.batch_size,
+                        lr=c.lr, grad_accum=c.grad_accum, eval_every=c.eval_every, max_tokens=s.cfg.max_tokens,
+                        mteb_tasks=s.mteb_tasks, device=s.cfg.device))
+    return memo("sba_phase_c", dict(v=2, b=_phase_b_conf(s, seed), agg=agg, **asdict(c)),
+                lambda: _phase_c_compute(s, pb, agg, seed))
+
+
+def phase_c_runs(s: Setup, pbs: dict) -> dict:
+    """{(aggregation, seed): :func:`phase_c`} for every phase-(b) seed and aggregation of the profile."""
+    seeds = s.cfg.seeds if s.cfg.stand_in else s.cfg.seeds
+    base = next(iter(pbs.values()))
+    return {(a, seed): phase_c(s, pbs.get(seed, base), a, seed) for a in s.cfg.aggregations for seed in seeds}
+
+
+def swap_runs(s: Setup, pbs: dict) -> dict:
+    """{(aggregation, seed): measure dict} of every phase-(b) checkpoint with each of the profile's ``swaps`` in
+    place of linear aggregation and no fine-tuning (paper §V-A's change alone); the linear arm is phase (b)'s end."""
+    out = {("linear", seed): pb["after"] for seed, pb in pbs.items()}
+    for a in s.cfg.swaps:
+        for seed, pb in pbs.items():
+            if not s.cfg.stand_in:
+                out[(a, seed)] = memo("sba_nomic_measure", dict(v=2, path=s.conf["path"], agg=a, n=s.cfg.n_subjects,
+                                                                per=s.cfg.per_subject, max_tokens=s.cfg.max_tokens),
+                                      lambda a=a: nomic_measure(s.model_path, aggregation=a, subjects=s.subjects,
+                                                                max_tokens=s.cfg.max_tokens, mteb_tasks=s.mteb_tasks,
+                                                                seed=s.seed, device=s.cfg.device))
+                continue
+            out[(a, seed)] = memo("sba_swap", dict(v=2, b=_phase_b_conf(s, seed), agg=a), lambda a=a, pb=pb, seed=seed:
+                                  _measure(swap_aggregation(build_nomic_layout_moe(s.dense, init="sparse", seed=seed),
+                                                            pb["checkpoint"], a), s))
+    return out
+
+
+def drop_ablation(s: Setup) -> dict | None:
+    """The "experts half random" ablation (full profile): dict(init: {aggregation: measure dict}, runs: {(aggregation,
+    seed): run dict}) or None when the profile has none."""
+    d = s.cfg.drop
+    if d is None or not s.cfg.stand_in:
+        return None
+    dc = asdict(d)
+    evaluate = lambda fn: s.evaluate(fn)[0]  # noqa: E731
+    init = memo("sba_drop_init", dict(v=2, bench=s.conf, **dc), lambda: drop_ablation_init(
+        aggregations=d.aggregations, seed=s.seed, drop_ratio=d.drop_ratio, evaluate=evaluate, subjects=s.subjects,
+        max_tokens=s.cfg.max_tokens))
+    runs = {(a, seed): memo("sba_drop_run", dict(v=2, bench=s.conf, agg=a, seed=seed, **dc),
+                            lambda a=a, seed=seed: finetune_and_measure(
+                                aggregation=a, seed=seed, train_pairs=s.train_pairs, val_pairs=s.val_pairs,
+                                subjects=s.subjects, steps=d.steps, batch_size=d.batch_size, lr=d.lr,
+                                eval_every=d.eval_every, drop_ratio=d.drop_ratio, max_tokens=s.cfg.max_tokens,
+                                evaluate=evaluate, val_batches=d.val_batches))
+            for a in d.aggregations for seed in d.seeds}
+    return dict(init=init, runs=runs)
