@@ -40,7 +40,8 @@ from .method import AGGREGATIONS
 __all__ = ["ZERO_NORM_EPS", "CONCENTRATION_TOL", "CONCENTRATION_READING", "pair_geometry", "geometry_frame",
            "collect_geometry", "summarize_geometry", "norm_ratio_concentration", "fig5_table",
            "shrinkage_decomposition", "routing_jsd", "moe_specialisation", "expert_similarity", "jensen_shannon",
-           "routed_experts", "router_movement", "st_forward_fn", "nomic_forward_fn"]
+           "routed_experts", "router_movement", "st_forward_fn", "nomic_forward_fn", "FIG5_READINGS",
+           "fig5_weight_readings"]
 
 ZERO_NORM_EPS = 1e-8
 CONCENTRATION_TOL = 0.10
@@ -363,3 +364,42 @@ def nomic_forward_fn(model, batch_size: int = 16):
         return None
 
     return run
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Fig. 5 under the two weight readings
+# ----------------------------------------------------------------------------------------------------------------------
+FIG5_READINGS = {
+    ("unnormalised top-2", "linear"): ("ratio_linear", "arithmetic: s x angular cancellation x radius mixing, with "
+                                       "the kept mass s = w1 + w2 < 1 of nomic's routing dominating"),
+    ("unnormalised top-2", "sba"): ("ratio_sba", "arithmetic: s x radius mixing (Eq. 5 keeps s times the weighted "
+                                    "mean norm), whatever the angles"),
+    ("renormalised barycentre", "linear"): ("bary_linear", "geometry: angular cancellation x radius mixing; below 1 "
+                                            "by as much as the active experts point apart"),
+    ("renormalised barycentre", "sba"): ("bary_sba", "by construction: the radius mixing Σ ŵ_i r_i / r̄, 1 when "
+                                         "r1 = r2"),
+}
+
+
+def fig5_weight_readings(geo: pd.DataFrame, by=("layer",)) -> pd.DataFrame:
+    """Fig. 5's ``||y|| / r̄`` (SBA paper §VI-B) under both weight readings, per group and pooled, each labelled with
+    what it measures (:data:`FIG5_READINGS`; notebook 02_sba):
+
+    - *unnormalised top-2* (nomic's weights ``w``, ``s = w1 + w2 < 1``): ``ratio_<op>`` of :func:`pair_geometry`;
+    - *renormalised barycentre* (``ŵ = w / s``): linear ``||Σ ŵ_i e_i|| / r̄ = f_angular · f_radius_mix`` and SBA
+      ``Σ ŵ_i r_i / r̄ = f_radius_mix`` (SBA's direction does not depend on the weights' scale, its radius is
+      ``Σ ŵ_i r_i``).
+
+    Returns [by..., reading, operator, mean, median, n_tokens, what]."""
+    need = {"ratio_linear", "ratio_sba", "f_angular", "f_radius_mix"}
+    if not need <= set(geo.columns):
+        raise ValueError(f"geometry table lacks {sorted(need - set(geo.columns))}; build it with pair_geometry")
+    g = geo.assign(bary_linear=geo.f_angular * geo.f_radius_mix, bary_sba=geo.f_radius_mix)
+    by = list(by)
+    groups = [(k if isinstance(k, tuple) else (k,), d) for k, d in g.groupby(by, sort=False)]
+    rows = []
+    for key, d in groups + [(("pooled",) * len(by), g)]:
+        for (reading, op), (col, what) in FIG5_READINGS.items():
+            rows.append({**dict(zip(by, key)), "reading": reading, "operator": op, "mean": float(d[col].mean()),
+                         "median": float(d[col].median()), "n_tokens": len(d), "what": what})
+    return pd.DataFrame(rows)
