@@ -4,6 +4,7 @@ Derived assets are faked with small files (no model is dequantised); a read-only
 write calls raise PermissionError (tests run as root, for whom chmod does not stop a write).
 """
 import errno
+import importlib
 import json
 import os
 import subprocess
@@ -350,6 +351,67 @@ def test_code_closure_of_real_modules_covers_core_and_never_claims():
     assert not any(k.endswith("/report.py") for k in keyed)
     assert cache.code_closure(lambda: claims.frame([])) == {}  # verdict code alone keys nothing
 
+
+
+def test_a_papers_claims_module_is_never_in_a_key(tmp_path):
+    """A paper's claim definitions (``<paper>/claims.py``) are verdict code like ``<paper>/report.py``: left out of
+    the closure even when a keyed module imports them, and editing them changes no key."""
+    lib = _write_pkg(tmp_path, {
+        "__init__.py": "",
+        "paper3/__init__.py": "from . import method\n",
+        "paper3/method.py": "from . import claims\nfrom moelab import stats\n",
+        "paper3/claims.py": "from moelab.stats import boot\nfrom moelab.paper3 import method\n",
+        "stats.py": "",
+    })
+    before = cache.import_closure(["moelab.paper3.method"], lib=lib)
+    assert set(before) == {"moelab", "moelab.paper3", "moelab.paper3.method", "moelab.stats"}
+    (lib / "paper3" / "claims.py").write_text("from moelab.stats import boot\nTHRESHOLD = 0.5\n")
+    assert cache.import_closure(["moelab.paper3.method"], lib=lib) == before
+    assert cache.import_closure(["moelab.paper3.claims"], lib=lib) == {}
+
+
+@pytest.mark.parametrize("paper", ["moce", "sba", "cluster_upcycling", "mass", "free_moe"])
+def test_real_paper_claims_modules_key_nothing(paper, tmp_cache, monkeypatch):
+    """The real ``moelab.<paper>.claims`` modules: never in a closure, and a memo keyed on a lambda that uses one
+    (beside its paper package) is not rebuilt when the claims file changes."""
+    defs = importlib.import_module(f"moelab.{paper}.claims")
+    pkg = importlib.import_module(f"moelab.{paper}")
+    rel = f"lib/moelab/{paper}/claims.py"
+    assert rel not in cache.code_closure(lambda: (pkg.__name__, defs.CLAIMS))
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return (pkg.__name__, len(defs.CLAIMS))
+
+    cache.memo("claims-edit", {"paper": paper}, compute)
+    real = cache._module_sha
+    monkeypatch.setattr(cache, "_module_sha", lambda p: "0" * 16 if Path(p).as_posix().endswith(rel) else real(p))
+    cache.memo("claims-edit", {"paper": paper}, compute)
+    assert len(calls) == 1
+
+
+def test_a_papers_claims_file_makes_no_folder_stale(tmp_path):
+    """Staleness: ``lib/moelab/<paper>/claims.py`` is never a recorded source, and an old provenance that recorded
+    one is not stale because of it; a paper's method file still is."""
+    from moelab import notebooks
+    from moelab.mass import claims as mass_claims  # noqa: F401  (loaded, as at a run's finish())
+
+    for paper in ("moce", "sba", "cluster_upcycling", "mass", "free_moe"):
+        assert nbrun.is_verdict_code(f"lib/moelab/{paper}/claims.py"), paper
+    assert not nbrun.is_verdict_code("lib/moelab/mass/method.py")
+    assert not nbrun.is_verdict_code("lib/moelab/mass/claims_extra.py")
+    assert not nbrun.is_verdict_code("lib/moelab/mass/sub/claims.py")
+    hashed = nbrun.source_hashes("04_mass")
+    assert "lib/moelab/mass/claims.py" not in hashed and "lib/moelab/mass/__init__.py" in hashed
+    real = {"lib/moelab/mass/__init__.py": hashed["lib/moelab/mass/__init__.py"]}
+    prov = tmp_path / "provenance.json"
+    prov.write_text(json.dumps({"source_digest": nbrun.SOURCE_DIGEST,
+                                "sources": {**real, "lib/moelab/mass/claims.py": "0" * 16}}))
+    assert notebooks.sources_current(prov) == (True, [])
+    prov.write_text(json.dumps({"source_digest": nbrun.SOURCE_DIGEST,
+                                "sources": {**real, "lib/moelab/mass/method.py": "0" * 16}}))
+    assert notebooks.sources_current(prov) == (False, ["lib/moelab/mass/method.py"])
 
 # ---- the code identity ignores what cannot change behaviour (architecture v2, item 1)
 _BASE = '''"""A module."""

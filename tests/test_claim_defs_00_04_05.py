@@ -15,10 +15,11 @@ import pytest
 
 from moelab.claims import (ByConstruction, Insufficient, Level, OutsideRegime, Seeds, Tables, Unobtainable,
                            check_definitions, evaluate, validate_record)
-from moelab.claims.defs import nb00_moe_primer as nb00
-from moelab.claims.defs import nb04_mass as nb04
-from moelab.mass import REGIME_MARGIN
+from moelab.claims import primer as nb00
 from moelab.claims.rebuild import evaluate_folder
+from moelab.mass import REGIME_MARGIN
+from moelab.mass import claims as nb04
+from moelab.nbrun import claim_defs
 
 REPO = Path(__file__).resolve().parents[1]
 MODULES = {"00_moe_primer": nb00, "04_mass": nb04}
@@ -77,7 +78,7 @@ def test_every_claim_evaluates_on_the_committed_folders(committed, folder):
     if not path.exists():
         pytest.skip(f"figures/{folder} not committed")
     before = {p.name: p.read_bytes() for p in path.iterdir() if p.is_file()}
-    prov, records = evaluate_folder(path)
+    prov, records = evaluate_folder(path, claim_defs)
     nb = prov["notebook"]
     assert [r["id"] for r in records] == [c.id for c in MODULES[nb].CLAIMS]
     for r in records:
@@ -230,7 +231,7 @@ def test_05_bands_selected_on_at_chance_items_gate_the_likelihood_claims(tmp_pat
     SmolLM2): GSM-style likelihood is outside the regime; FREE-MoE's code likelihood too (its router uses every
     domain's band); DOWP's code likelihood (bands chosen on code likelihood) is not gated. With the gated selection
     table present the check defers to it."""
-    from moelab.claims.defs import nb05_free_moe as nb05
+    from moelab.free_moe import claims as nb05
 
     src = Path(__file__).resolve().parents[1] / "figures" / "05_free_moe" / "full"
     dst = tmp_path / "f"

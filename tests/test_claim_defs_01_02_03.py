@@ -17,7 +17,9 @@ import pandas as pd
 import pytest
 
 from moelab.claims import Claim, Tables, check_definitions, evaluate, validate_record
-from moelab.claims.defs import nb01_moce, nb02_sba, nb03_cluster_upcycling
+from moelab.cluster_upcycling import claims as nb03_cluster_upcycling
+from moelab.moce import claims as nb01_moce
+from moelab.sba import claims as nb02_sba
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFS = {"01_moce": nb01_moce, "02_sba": nb02_sba, "03_cluster_upcycling": nb03_cluster_upcycling}

@@ -22,7 +22,7 @@ import pandas as pd
 
 from moelab.claims import (ByConstruction, Claim, Items, Level, Options, Regime, RiseThenFall, Seeds, Trend, evaluate,
                            validate_record)
-from moelab.claims.defs import nb01_moce
+from moelab.moce import claims as nb01_moce
 from moelab.claims.engine import FEW_SEEDS, rise_then_fall_stats
 
 N_SIM, N_SEEDS, N_ITEMS = 1000, 3, 200

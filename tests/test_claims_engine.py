@@ -2,7 +2,6 @@
 schema, rebuild/check/CLI and the scorecard. Calibration and the defect classes: tests/test_claims_calibration.py."""
 import importlib
 import json
-import pkgutil
 import sys
 import types
 
@@ -15,9 +14,9 @@ from moelab import stats
 from moelab.claims import (ByConstruction, Claim, ClaimEvidenceError, Insufficient, Items, Level, MissingTable,
                            NotInProfile, Options, Precomputed, Regime, Seeds, Tables, Trend, Unobtainable,
                            check_definitions, evaluate, scorecard_markdown, validate_record)
-from moelab.claims import defs as defs_pkg
 from moelab.claims.__main__ import main as cli
 from moelab.claims.scorecard import results_markdown, review_markdown
+from moelab.nbrun import CLAIM_DEFS, REPO_ROOT, claim_defs
 
 rb = importlib.import_module("moelab.claims.rebuild")   # the module (moelab.claims.rebuild is also the function)
 RNG = np.random.default_rng(0)
@@ -265,7 +264,7 @@ def test_validate_record_rejects_missing_and_ill_typed():
 @pytest.fixture
 def demo(tmp_path, monkeypatch):
     """A figures root with one output folder of notebook 98_demo and its claim definitions (a module injected as
-    moelab.claims.defs.nb98_demo)."""
+    ``demo_claims_98``, registered for 98_demo in the run layer's table ``moelab.nbrun.CLAIM_DEFS``)."""
     root = tmp_path / "figures"
     folder = root / "98_demo"
     folder.mkdir(parents=True)
@@ -279,12 +278,13 @@ def demo(tmp_path, monkeypatch):
         d = T.csv("table1_runs").pivot(index="seed", columns="arm", values="score")
         return Seeds(d["A"], d["B"], paired=True, n_items=200)
 
-    mod = types.ModuleType("moelab.claims.defs.nb98_demo")
+    mod = types.ModuleType("demo_claims_98")
     mod.CLAIMS = [comp(None, evidence=runs, legacy="A beats B (old text)"),
                   comp(None, id="missing", evidence=lambda T: Seeds(T.csv("table9_absent").x, [], paired=False)),
                   comp(None, id="by_def", determined_by="initialisation",
                        evidence=lambda T: ByConstruction("initialisation", "equal at init", 0.0))]
     monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    monkeypatch.setitem(CLAIM_DEFS, "98_demo", mod.__name__)
     monkeypatch.setenv("MOELAB_FIGURES", str(root))
     return root, folder, mod
 
@@ -295,25 +295,25 @@ def test_rebuild_deterministic_changelog_and_check(demo, tmp_path):
                                         {"claim": "dropped claim", "verdict": "reproduced"}]}
     (folder / "claims.json").write_text(json.dumps(old))
     log = tmp_path / "changes.md"
-    recs = rb.rebuild(folder, changelog=log)
+    recs = rb.rebuild(folder, defs=claim_defs, changelog=log)
     first = (folder / "claims.json").read_bytes()
     v = {r["id"]: r["verdict"] for r in recs}
     assert v == {"a_vs_b": "reproduced", "missing": "inconclusive", "by_def": "holds by construction"}
     assert "needs table table9_absent.csv, produced by the next run" in recs[1]["reason"]
     text = log.read_text()
     assert "| A beats B | inconclusive | reproduced |" in text and "| dropped claim | reproduced | (removed) |" in text
-    rb.rebuild(folder, changelog=log)
+    rb.rebuild(folder, defs=claim_defs, changelog=log)
     assert (folder / "claims.json").read_bytes() == first          # identical bytes
     assert log.read_text() == text                                  # nothing changed: nothing appended
     data = json.loads(first)
     assert set(data) == {"provenance", "engine", "claims"} and data["provenance"]["notebook"] == "98_demo"
-    assert rb.check(root) == [] and cli(["check", "--root", str(root)]) == 0
+    assert rb.check(root, defs=claim_defs) == [] and cli(["check", "--root", str(root)]) == 0
     data["claims"][0]["verdict"] = "contradicted"
     (folder / "claims.json").write_text(json.dumps(data))
-    problems = rb.check(root)
+    problems = rb.check(root, defs=claim_defs)
     assert len(problems) == 1 and "claims ['a_vs_b']" in problems[0]
     assert cli(["check", "--root", str(root)]) == 1
-    assert cli(["rebuild", "--all", "--no-changelog"]) == 0 and rb.check(root) == []
+    assert cli(["rebuild", "--all", "--no-changelog"]) == 0 and rb.check(root, defs=claim_defs) == []
 
 
 def test_tables_accessor(demo):
@@ -330,10 +330,23 @@ def test_rebuild_errors_name_the_claim_and_missing_defs(demo):
     root, folder, mod = demo
     mod.CLAIMS.append(comp(None, id="buggy", evidence=lambda T: Seeds(T.csv("table1_runs").nope, [], paired=False)))
     with pytest.raises(ClaimEvidenceError, match="claim 'buggy': AttributeError"):
-        rb.rebuild(folder, write=False)
+        rb.rebuild(folder, defs=claim_defs, write=False)
     (folder / "provenance.json").write_text(json.dumps({"notebook": "97_nodefs", "profile": "default"}))
-    with pytest.raises(ValueError, match="no claim definitions for notebook '97_nodefs'.*nb97_nodefs.py"):
-        rb.rebuild(folder)
+    with pytest.raises(ValueError, match="no claim definitions for notebook '97_nodefs'.*CLAIM_DEFS"):
+        rb.rebuild(folder, defs=claim_defs)
+    with pytest.raises(ValueError, match="no claim definitions given: pass defs="):
+        rb.rebuild(folder, defs=None)
+    with pytest.raises(ValueError, match="demo_claims_98 defines no CLAIMS list"):
+        rb.rebuild(folder, defs=types.ModuleType("demo_claims_98"))
+    with pytest.raises(TypeError, match="defs"):
+        rb.rebuild(folder)                  # the engine never guesses where a notebook's definitions live
+
+
+def test_rebuild_takes_a_definitions_module_directly(demo):
+    """``defs`` may be the module itself (a caller that knows its notebook), not only a resolver."""
+    root, folder, mod = demo
+    assert ([r["id"] for r in rb.rebuild(folder, defs=mod, write=False)]
+            == [r["id"] for r in rb.rebuild(folder, defs=claim_defs, write=False)] == ["a_vs_b", "missing", "by_def"])
 
 
 def test_rebuild_changelog_auto_only_for_committed_figures(demo, monkeypatch, tmp_path):
@@ -342,7 +355,7 @@ def test_rebuild_changelog_auto_only_for_committed_figures(demo, monkeypatch, tm
     monkeypatch.setattr(rb, "CHANGELOG", log)
     (folder / "claims.json").write_text(json.dumps({"claims": [{"id": "a_vs_b", "verdict": "contradicted",
                                                                  "claim": "x"}]}))
-    rb.rebuild(folder)                      # a tmp folder is not under the repository's figures/: no log
+    rb.rebuild(folder, defs=claim_defs)     # a tmp folder is not under the repository's figures/: no log
     assert not log.exists()
     assert rb._display(folder.parent / ".98_demo.staging-123") == str((root / "98_demo").resolve())
 
@@ -350,7 +363,7 @@ def test_rebuild_changelog_auto_only_for_committed_figures(demo, monkeypatch, tm
 def test_scorecard_markdown(demo):
     """README block: counts by label (extensions apart); docs/RESULTS.md: per-claim rows linking their tables."""
     root, folder, mod = demo
-    rb.rebuild(folder, changelog=None)
+    rb.rebuild(folder, defs=claim_defs, changelog=None)
     md = scorecard_markdown(root)
     assert "| notebook | profile | reproduced | contradicted | underpowered | inconclusive |" in md
     assert "| 98_demo | default | 1 | 0 | 0 | 1 | 1 | 0 | 0 | 0 | 3 | 0 |" in md and "docs/RESULTS.md" in md
@@ -374,7 +387,7 @@ def test_labels_gates_and_checklist(demo):
         comp(None, id="ext", evidence=runs, extension=True),
         comp(None, id="decided", evidence=runs, legacy="A beats B (old text)"),
     ]
-    recs = {r["id"]: r for r in rb.rebuild(folder, changelog=None)}
+    recs = {r["id"]: r for r in rb.rebuild(folder, defs=claim_defs, changelog=None)}
     v = {k: r["verdict"] for k, r in recs.items()}
     assert v == {"elsewhere": "not in this profile", "weights": "unobtainable", "gated": "outside the regime",
                  "init_set": "holds by construction", "ext": "extension", "decided": "reproduced"}
@@ -391,7 +404,7 @@ def test_labels_gates_and_checklist(demo):
     # a decisive row without its regime is an error at rebuild time
     mod.CLAIMS[:] = [comp(None, id="decided", evidence=runs, regime=None)]
     with pytest.raises(ValueError, match="empty checklist field"):
-        rb.rebuild(folder, changelog=None)
+        rb.rebuild(folder, defs=claim_defs, changelog=None)
     # the same counts go to the other profile's pointer in RESULTS.md
     assert "→ full" in results_markdown(root)
 
@@ -413,11 +426,15 @@ def test_degenerate_interval_names_the_test_that_decided():
 
 
 def test_every_claim_definition_file_checks():
-    """Each defs/nb*.py imports (its Claims built: signs derived from the paper numbers beside them) and has unique
-    ids."""
-    names = [m.name for m in pkgutil.iter_modules(defs_pkg.__path__) if m.name.startswith("nb")]
-    for name in names:
-        mod = importlib.import_module(f"moelab.claims.defs.{name}")
+    """Each notebook's definitions (the run layer's table) import, build their Claims (signs derived from the paper
+    numbers beside them) and have unique ids; every notebook has an entry and every ``<paper>/claims.py`` is in it."""
+    notebooks = {p.stem for p in (REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.py")}
+    assert notebooks <= set(CLAIM_DEFS), sorted(notebooks - set(CLAIM_DEFS))
+    files = {f"moelab.{p.parent.name}.claims" for p in (REPO_ROOT / "lib" / "moelab").glob("*/claims.py")}
+    assert files <= set(CLAIM_DEFS.values()), sorted(files - set(CLAIM_DEFS.values()))
+    for name in sorted(CLAIM_DEFS):
+        mod = claim_defs(name)
+        assert mod.__name__ == CLAIM_DEFS[name]
         claims = check_definitions(mod.CLAIMS)
         for c in claims:
             if c.paper_effect is not None and not c.equivalence:

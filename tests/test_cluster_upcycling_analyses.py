@@ -265,7 +265,7 @@ def _trajectories(values, method="cluster_eesd", steps=(0, 4, 8, 12, 16, 20, 24)
 
 def _verdict(df):
     from moelab.claims import evaluate
-    from moelab.claims.defs import nb03_cluster_upcycling as nb03
+    from moelab.cluster_upcycling import claims as nb03
 
     claim = {c.id: c for c in nb03.CLAIMS}["entropy_explores_then_restabilises"]
     return evaluate(claim, _FakeTables(df))

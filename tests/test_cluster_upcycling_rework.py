@@ -14,7 +14,7 @@ import pytest
 
 from moelab import cluster_upcycling as cu
 from moelab.claims import Tables, evaluate
-from moelab.claims.defs import nb03_cluster_upcycling as nb03
+from moelab.cluster_upcycling import claims as nb03
 
 from test_claim_defs_01_02_03 import _folder
 from test_cluster_upcycling import tiny_pairs_and_bench, tiny_st  # noqa: F401  (tiny_st is a fixture)

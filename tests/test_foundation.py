@@ -11,7 +11,7 @@ import pytest
 
 import moelab
 from moelab import assets, cache, claims, profiles, stats
-from moelab.nbrun import NotebookRun, write_index
+from moelab.nbrun import CLAIM_DEFS, NotebookRun, write_index
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,10 +124,12 @@ def test_real_assets_load():
 
 # ---------------------------------------------------------------- figures, tables, index, provenance
 def _demo_defs(monkeypatch, notebook="09_demo", claims=()):
-    """Claim definitions for a demo notebook (a module injected as moelab.claims.defs.nb<notebook>)."""
-    mod = types.ModuleType(f"moelab.claims.defs.nb{notebook}")
+    """Claim definitions for a demo notebook (a module injected as demo_claims_<notebook>, registered in the run
+    layer's table moelab.nbrun.CLAIM_DEFS)."""
+    mod = types.ModuleType(f"demo_claims_{notebook}")
     mod.CLAIMS = list(claims)
     monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    monkeypatch.setitem(CLAIM_DEFS, notebook, mod.__name__)
     return mod
 
 
@@ -217,9 +219,10 @@ def test_runner_executes_and_fails_loudly(tmp_path, tmp_figures, monkeypatch, ca
     nbdir = tmp_path / "nbs"
     nbdir.mkdir()
     (nbdir / "01_ok.py").write_text('# %% tags=["parameters"]\nPROFILE = "default"\nSEED = 0\n\n'
-                                    '# %%\nimport sys, types\nimport moelab\n'
-                                    'defs = types.ModuleType("moelab.claims.defs.nb01_ok")\ndefs.CLAIMS = []\n'
+                                    '# %%\nimport sys, types\nimport moelab\nimport moelab.nbrun\n'
+                                    'defs = types.ModuleType("demo_claims_01_ok")\ndefs.CLAIMS = []\n'
                                     'sys.modules[defs.__name__] = defs\n'
+                                    'moelab.nbrun.CLAIM_DEFS["01_ok"] = defs.__name__\n'
                                     'run = moelab.start_run("01_ok", profile=PROFILE, seed=SEED)\n'
                                     'run.finish()\n')
     (nbdir / "02_bad.py").write_text('# %% tags=["parameters"]\nPROFILE = "default"\nSEED = 0\n\n# %%\n1/0\n')

@@ -16,8 +16,9 @@ import pytest
 
 from moelab.claims import (ByConstruction, Insufficient, Items, Options, Tables, check_definitions, evaluate,
                            validate_record)
-from moelab.claims.defs import nb05_free_moe as nb05
 from moelab.claims.rebuild import evaluate_folder
+from moelab.free_moe import claims as nb05
+from moelab.nbrun import claim_defs
 
 from test_claim_defs_00_04_05 import _folder  # noqa: E402  (the synthetic-folder helper of the claim-def tests)
 
@@ -84,7 +85,7 @@ def test_every_claim_evaluates_on_the_committed_folders(tmp_path):
     assert folders, "figures/05_free_moe is committed"
     for folder in folders:
         files = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
-        records = evaluate_folder(folder)[1]
+        records = evaluate_folder(folder, claim_defs)[1]
         assert [r["id"] for r in records] == [c.id for c in nb05.CLAIMS]
         assert all(validate_record(r) for r in records)
         assert files == {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}   # nothing written

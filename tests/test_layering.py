@@ -6,7 +6,6 @@ other test runs. Also: the names that moved into the core / ``moelab.stats`` sti
 from __future__ import annotations
 
 import ast
-import re
 from pathlib import Path
 
 import pytest
@@ -56,9 +55,6 @@ def violations(path: Path, source: str | None = None) -> list[str]:
     """Layering violations of one file of lib/moelab (``source`` overrides the file's text, for the self-test)."""
     modname = module_name(path)
     own = paper_of(modname)
-    m = re.match(r"moelab\.claims\.defs\.nb(\d\d)_", modname)
-    if m:                                       # a notebook's claim definitions may read that notebook's paper module
-        own = m.group(1)
     src = path.read_text() if source is None else source
     bad = []
     for mod in sorted(imported_modules(src, modname, path.name == "__init__.py")):
@@ -100,8 +96,9 @@ def test_the_check_can_fail():
         "moelab.cluster_upcycling.method (paper 03 module) imports moelab.sba.pair_geometry (paper 02)"]
     assert violations(pkg, "from .data import load\nfrom moelab.core import moeify\n") == []
     assert violations(sba, "from moelab.nomic import load_nomic\n") == []          # 02's own loader
-    assert violations(LIB / "claims" / "defs" / "nb04_mass.py", "from moelab.mass import frontier\n") == []
-    assert violations(LIB / "claims" / "defs" / "nb04_mass.py", "from moelab.sba import routing_jsd\n")
+    assert violations(LIB / "mass" / "claims.py", "from moelab.mass import frontier\n") == []
+    assert violations(LIB / "mass" / "claims.py", "from moelab.sba import routing_jsd\n")
+    assert violations(LIB / "claims" / "primer.py", "from moelab.mass import frontier\n")
 
 
 # ---------------------------------------------------------------- names that moved still import from the old modules
@@ -117,7 +114,7 @@ def test_moved_names_are_reexported_unchanged():
     assert sba.ClusterAwareInit is core.ClusterAwareInit
     assert mass.elbow_max_chord is stats.elbow_max_chord
     assert moce.find_knee([1, 2, 3, 4, 5], [100.0, 30.0, 20.0, 15.0, 12.0], method="chord")["k"] == 2
-    from moelab.claims.defs.nb04_mass import elbow_max_chord, frontier  # noqa: F401  (the claims use these)
+    from moelab.mass.claims import elbow_max_chord, frontier  # noqa: F401  (the claims use these)
     assert elbow_max_chord is stats.elbow_max_chord and frontier is mass.frontier
 
 

@@ -47,7 +47,7 @@ def test_old_names_still_import(name):
 
 
 @pytest.mark.parametrize("user", ["notebooks/01_moce.py", "tests/test_moce.py", "tests/test_moce_rework.py",
-                                  "tests/test_suite_scorer.py", "lib/moelab/claims/defs/nb01_moce.py"])
+                                  "tests/test_suite_scorer.py", "lib/moelab/moce/claims.py"])
 def test_every_moce_name_used_resolves(user):
     src = (ROOT / user).read_text()
     used = set(re.findall(r"\bmoce\.([A-Za-z_]\w*)", src)) - {"py"}

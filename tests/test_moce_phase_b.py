@@ -16,7 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from moelab import moce
 from moelab import train as mtrain
 from moelab.claims import Tables, evaluate
-from moelab.claims.defs import nb01_moce
+from moelab.moce import claims as nb01_moce
 from moelab.suite import lmeval
 
 torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""Claims of notebook 02_sba after issue 19's phase B (moelab.claims.defs.nb02_sba): the regime and separation gates in
+"""Claims of notebook 02_sba after issue 19's phase B (moelab.sba.claims): the regime and separation gates in
 front of the table claims, the geometry claims on the phase-(b) model (by initialisation, by definition, or a level
 over subjects), the paper profile reading the MTEB task a stand-in stands for. Synthetic tables in the notebook's
 layout; the committed (older) folders are covered by tests/test_claim_defs_01_02_03.py."""
@@ -12,7 +12,7 @@ import pytest
 
 from moelab import sba
 from moelab.claims import Tables, evaluate
-from moelab.claims.defs import nb02_sba as defs
+from moelab.sba import claims as defs
 
 CLAIMS = {c.id: c for c in defs.CLAIMS}
 

@@ -48,8 +48,10 @@ FORMAT = 2  # storage format of artifact entries; part of every key (bump it whe
 STALE_TMP_AGE_S = 6 * 3600  # a temporary folder whose creator cannot be checked is stale after this age
 WRITABLE_HINT = "set MOELAB_CACHE to a writable folder, e.g. export MOELAB_CACHE=~/moelab-cache"
 # Modules whose code never enters a key: verdicts, reports, the notebook runner and provenance, the progress bar, and
-# the cache itself (its storage format is FORMAT). A module named ``report`` in any package is report code too.
+# the cache itself (its storage format is FORMAT). A module named ``report`` or ``claims`` in any package (a paper's
+# report code and claim definitions) is left out too: NOT_IN_KEYS_LEAVES.
 NOT_IN_KEYS = ("moelab.claims", "moelab.notebooks", "moelab.nbrun", "moelab.cache", "moelab.progress")
+NOT_IN_KEYS_LEAVES = ("report", "claims")
 KEY_PACKAGES = ("torch", "transformers", "numpy")  # their versions are part of every artifact key
 LIB = Path(__file__).resolve().parent  # the moelab package folder
 _HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
@@ -364,7 +366,7 @@ def atomic_dir(path: Path, meta: dict | None = None):
 
 # ---------------------------------------------------------------- keys that cover the code (issue 15, item 4)
 def _excluded(module: str) -> bool:
-    return module.rsplit(".", 1)[-1] == "report" or any(
+    return module.rsplit(".", 1)[-1] in NOT_IN_KEYS_LEAVES or any(
         module == m or module.startswith(m + ".") for m in NOT_IN_KEYS)
 
 
@@ -478,7 +480,7 @@ def _module_sha(path: Path) -> str:
 def import_closure(modules, lib: Path = LIB) -> dict[str, str]:
     """``{module: sha}`` of every module of the package at ``lib`` that importing ``modules`` can execute: the
     modules, their parent packages, and transitively everything they import (statically, function-local imports
-    included). Modules in :data:`NOT_IN_KEYS` (and ``*.report``) are left out and not followed."""
+    included). Modules in :data:`NOT_IN_KEYS` (and ``*.report``, ``*.claims``) are left out and not followed."""
     index = _module_index(lib)
     todo = [m for m in (_resolve(m, index) for m in modules) if m]
     seen: dict[str, str] = {}
@@ -594,7 +596,8 @@ def code_closure(fn: Callable) -> dict[str, str]:
     For a function defined in a moelab module: that module, its parent packages and (transitively, statically) every
     moelab module they import. For a lambda or function defined elsewhere (a notebook): the moelab modules, functions,
     classes and instances its code refers to (globals, closure cells, defaults; functions defined next to it are
-    followed), and their import closure. Modules in :data:`NOT_IN_KEYS` and ``*.report`` modules are never included.
+    followed), and their import closure. Modules in :data:`NOT_IN_KEYS` and ``*.report`` / ``*.claims`` modules are
+    never included.
     Paths are relative to the repository (``lib/moelab/core/routing.py``), as in provenance's ``sources``.
     """
     roots: set[str] = set()

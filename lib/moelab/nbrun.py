@@ -3,7 +3,7 @@
 A notebook's derived-settings cell does ``run = moelab.start_run("04_mass", profile=PROFILE, seed=SEED)`` and then
 saves every figure with ``run.savefig`` and every result table with ``run.save_table``; its conclusion cell calls
 ``run.finish()``, which computes the claims from the saved tables with the notebook's claim definitions
-(``moelab.claims.defs.nb<notebook>``; docs/CLAIMS.md).
+(:data:`CLAIM_DEFS`: ``moelab.<paper>.claims``, ``moelab.claims.primer`` for 00; docs/CLAIMS.md).
 
 Where outputs go (JupyterLab/runner issue, item 2):
 
@@ -22,6 +22,7 @@ Where outputs go (JupyterLab/runner issue, item 2):
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import platform
@@ -229,11 +230,37 @@ VERDICT_CODE = ("lib/moelab/claims/", "lib/moelab/nbrun.py", "lib/moelab/noteboo
                 # the artifact cache decides whether a step is rebuilt, never what it computes; the progress bar
                 # only displays (both are left out of the cache keys too: cache.NOT_IN_KEYS)
                 "lib/moelab/cache.py", "lib/moelab/progress.py")
+# a paper package's claim definitions are verdict code too (cache.py leaves ``*.claims`` modules out of keys alike)
+PAPER_CLAIMS_RE = re.compile(r"^lib/moelab/[A-Za-z0-9_]+/claims\.py$")
+
+
+def is_verdict_code(rel: str) -> bool:
+    """Whether repository file ``rel`` is verdict code or run plumbing (:data:`VERDICT_CODE`, a paper's
+    ``claims.py``): never part of a folder's sources, so a change there makes no folder stale."""
+    return rel.startswith(VERDICT_CODE) or bool(PAPER_CLAIMS_RE.match(rel))
+
+
+# Which module holds each notebook's claim definitions (its ``CLAIMS`` list). The table lives here, in the run layer
+# on top of the paper packages: the claims engine (moelab.claims) sits below them and is handed the definitions.
+# A module is imported only when its notebook's claims are computed (never by a paper package's ``__init__``).
+CLAIM_DEFS = {"00_moe_primer": "moelab.claims.primer", "01_moce": "moelab.moce.claims", "02_sba": "moelab.sba.claims",
+              "03_cluster_upcycling": "moelab.cluster_upcycling.claims", "04_mass": "moelab.mass.claims",
+              "05_free_moe": "moelab.free_moe.claims"}
+
+
+def claim_defs(notebook: str):
+    """The module that defines notebook ``notebook``'s ``CLAIMS`` (the ``defs`` resolver for :mod:`moelab.claims`)."""
+    name = CLAIM_DEFS.get(notebook)
+    if name is None:
+        raise ValueError(f"no claim definitions for notebook {notebook!r}: add it to moelab.nbrun.CLAIM_DEFS with the "
+                         f"module that defines its CLAIMS list (lib/moelab/<paper>/claims.py; see docs/CLAIMS.md); "
+                         f"known: {sorted(CLAIM_DEFS)}")
+    return importlib.import_module(name)
 
 
 def source_hashes(notebook: str) -> dict:
     """Content hashes of the notebook's source and every moelab module imported so far (for the staleness report and
-    the runner's resume check). The claims package is left out (a change there is applied to published folders by
+    the runner's resume check). The claims package and the papers' ``claims.py`` are left out (a change there is applied to published folders by
     ``python -m moelab.claims rebuild``, and by the runner when it skips a current notebook, not by a rerun), and so
     is the run plumbing (this module and the runner), which decides where files go, not what they contain."""
     out = {}
@@ -245,7 +272,7 @@ def source_hashes(notebook: str) -> dict:
         f = getattr(mod, "__file__", None)
         if name.startswith("moelab") and f and Path(f).resolve().is_relative_to(lib):
             rel = str(Path(f).resolve().relative_to(REPO_ROOT))
-            if not rel.startswith(VERDICT_CODE):
+            if not is_verdict_code(rel):
                 out[rel] = source_id(rel)
     return out
 
@@ -385,7 +412,7 @@ class NotebookRun:
         previous = self.final_dir / "claims.json"
         if self.publish and previous.exists():   # lets rebuild log verdict changes against the published file
             shutil.copyfile(previous, self.out_dir / "claims.json")
-        records = claims_rebuild(self.out_dir)
+        records = claims_rebuild(self.out_dir, defs=claim_defs)
         owner = int(os.environ.get(OWNER_ENV) or 0)
         if self.publish and owner and owner != os.getpid():
             # under the runner: hand the staging folder to it (renamed after its pid); it adds the executed notebook's

@@ -44,9 +44,9 @@ from moelab.claims import rebuild as claims_rebuild
 from moelab.claims import scorecard_markdown
 from moelab.claims.scorecard import results_markdown
 from moelab.nbmd import MD_NAME, write_notebook_md
-from moelab.nbrun import (FIGURE_LINKS_ENV, OWNER_ENV, PARAMS_ENV, REPO_ROOT, VERDICT_CODE, dirty_sources,
-                          figures_root, git_commit, output_dir, publish_dir, recover_published, source_id, staging_dir,
-                          write_index)
+from moelab.nbrun import (FIGURE_LINKS_ENV, OWNER_ENV, PARAMS_ENV, REPO_ROOT, claim_defs, dirty_sources, figures_root,
+                          git_commit, is_verdict_code, output_dir, publish_dir, recover_published, source_id,
+                          staging_dir, write_index)
 from moelab.profiles import PROFILES, check_profile
 
 NB_DIR = REPO_ROOT / "notebooks"
@@ -73,7 +73,7 @@ def sources_current(prov_path: Path) -> tuple[bool, list[str]]:
     kind = prov.get("source_digest")  # None: written before normalised digests (raw sha256 of every file)
     changed = []
     for rel, sha in prov.get("sources", {}).items():
-        if rel.startswith(VERDICT_CODE):   # provenance written before these modules were left out
+        if is_verdict_code(rel):   # provenance written before these modules were left out
             continue
         p = REPO_ROOT / rel
         if not p.exists() or source_id(rel, kind) != sha:
@@ -261,7 +261,7 @@ def cmd_run(a) -> int:
         current, _ = run_current(folder / "provenance.json", a.seed, per_nb[src.stem])
         if current and not a.force:
             if publish:   # the claim definitions may have changed since: recompute from the saved tables
-                claims_rebuild(folder)
+                claims_rebuild(folder, defs=claim_defs)
             print(f"[{i}/{len(nbs)}] {src.stem}: up to date for profile {a.profile} (skip; --force reruns; claims "
                   f"recomputed from the saved tables)", flush=True)
             results.append((src.stem, "skipped", 0.0))

@@ -1,7 +1,10 @@
-"""Claims engine v2 (issue 14): every verdict is a pure function of the tables a notebook saved.
+"""Claims engine: every verdict is a pure function of the tables a notebook saved.
 
 ``Claim`` + evidence types and ``evaluate`` (engine), ``validate_record`` (schema), ``rebuild`` and the CLI
-``python -m moelab.claims rebuild|check`` (rebuild), ``scorecard_markdown`` (README table). See docs/CLAIMS.md.
+``python -m moelab.claims rebuild|check|review`` (rebuild), ``scorecard_markdown`` (README table). See docs/CLAIMS.md.
+The claim definitions live beside the code they judge (``moelab.<paper>.claims``; the primer's in
+``moelab.claims.primer``); this package imports no paper package, and ``rebuild`` / ``check`` are handed the
+definitions by their caller (the run layer's table, :data:`moelab.nbrun.CLAIM_DEFS`).
 """
 from moelab.claims.engine import (DECISIVE, DETERMINED_BY, ENGINE_VERSION, VERDICTS, ByConstruction, Claim,
                                   ClaimEvidenceError, Insufficient, Items, Level, MissingTable, NotInProfile, Options,

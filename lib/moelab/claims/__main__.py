@@ -1,5 +1,8 @@
-"""``python -m moelab.claims rebuild FOLDER... | --all``, ``check`` (issue 14) and ``review [--write PATH]``
-(issue 32: the referee's checklist of every decisive verdict; exit 1 when a decisive record has an empty field)."""
+"""``python -m moelab.claims rebuild FOLDER... | --all``, ``check`` and ``review [--write PATH]`` (the referee's
+checklist of every decisive verdict; exit 1 when a decisive record has an empty field).
+
+An entry script, not part of the engine: it takes the notebook -> claim definitions table from the run layer
+(:func:`moelab.nbrun.claim_defs`), which the engine modules never import."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +11,7 @@ from pathlib import Path
 
 from moelab.claims.rebuild import CHANGELOG, REPO_ROOT, check, figures_root, output_folders, rebuild
 from moelab.claims.scorecard import review_markdown, review_rows
+from moelab.nbrun import claim_defs
 
 
 def main(argv=None) -> int:
@@ -41,7 +45,7 @@ def main(argv=None) -> int:
         failed = 0
         for folder in folders:
             try:
-                recs = rebuild(folder, changelog=None if a.no_changelog else a.changelog or "auto")
+                recs = rebuild(folder, defs=claim_defs, changelog=None if a.no_changelog else a.changelog or "auto")
             except ValueError as e:   # no definitions / not an output folder: report and go on
                 print(f"{folder}: {e}", file=sys.stderr)
                 failed += 1
@@ -51,7 +55,7 @@ def main(argv=None) -> int:
                 counts[rec["verdict"]] = counts.get(rec["verdict"], 0) + 1
             print(f"{folder}: {len(recs)} claims " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
         return 1 if failed else 0
-    problems = check(a.root)
+    problems = check(a.root, defs=claim_defs)
     for p in problems:
         print(p)
     if not problems:

@@ -1,14 +1,16 @@
-"""Rebuild a folder's ``claims.json`` from its saved tables, without running anything (issue 14, item 1).
+"""Rebuild a folder's ``claims.json`` from its saved tables, without running anything (docs/CLAIMS.md).
 
-``rebuild(folder)`` reads ``provenance.json`` (``notebook``, ``profile``), imports ``moelab.claims.defs.nb<notebook>``,
-evaluates every claim of its ``CLAIMS`` list on the folder's tables and writes ``claims.json`` deterministically
-(rebuilding twice gives identical bytes). Verdicts that change are appended to the change log
-(``docs/verdict-changes.md``). ``check`` validates every committed ``claims.json`` and that a rebuild reproduces it.
+``rebuild(folder, defs=...)`` reads ``provenance.json`` (``notebook``, ``profile``), takes the notebook's claim
+definitions from ``defs`` (a module with a ``CLAIMS`` list, or a function notebook -> such a module), evaluates every
+claim on the folder's tables and writes ``claims.json`` deterministically (rebuilding twice gives identical bytes).
+The caller names the definitions: this engine sits below the paper packages, whose ``<paper>/claims.py`` hold them,
+and imports none of them (the run layer's table is :data:`moelab.nbrun.CLAIM_DEFS`). Verdicts that change are
+appended to the change log (``docs/verdict-changes.md``). ``check`` validates every committed ``claims.json`` and that
+a rebuild reproduces it.
 """
 from __future__ import annotations
 
 import datetime
-import importlib
 import json
 import os
 import re
@@ -33,22 +35,15 @@ def figures_root() -> Path:
     return Path(os.environ.get("MOELAB_FIGURES") or REPO_ROOT / "figures")
 
 
-def defs_module_name(notebook: str) -> str:
-    return f"moelab.claims.defs.nb{notebook}"
-
-
-def load_claims(notebook: str) -> list:
-    """The checked ``CLAIMS`` list of a notebook's definition file ``moelab/claims/defs/nb<notebook>.py``."""
-    name = defs_module_name(notebook)
-    try:
-        mod = importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        if e.name != name:
-            raise
-        raise ValueError(f"no claim definitions for notebook {notebook!r}: write lib/moelab/claims/defs/"
-                         f"nb{notebook}.py with a CLAIMS list (see docs/CLAIMS.md)") from None
+def load_claims(defs, notebook: str | None = None) -> list:
+    """The checked ``CLAIMS`` list of claim definitions ``defs``: a module (or any object) with a ``CLAIMS`` list, or a
+    function that returns one for ``notebook`` (e.g. :func:`moelab.nbrun.claim_defs`)."""
+    if defs is None:
+        raise ValueError("no claim definitions given: pass defs= (a module with a CLAIMS list, or a function notebook "
+                         "-> module such as moelab.nbrun.claim_defs)")
+    mod = defs(notebook) if callable(defs) else defs
     if not hasattr(mod, "CLAIMS"):
-        raise ValueError(f"{name} defines no CLAIMS list")
+        raise ValueError(f"{getattr(mod, '__name__', mod)!s} defines no CLAIMS list (see docs/CLAIMS.md)")
     return check_definitions(mod.CLAIMS)
 
 
@@ -62,11 +57,11 @@ def read_provenance(folder: Path) -> dict:
     return data
 
 
-def evaluate_folder(folder) -> tuple[dict, list[dict]]:
-    """(provenance, records) for one folder, without writing anything."""
+def evaluate_folder(folder, defs) -> tuple[dict, list[dict]]:
+    """(provenance, records) for one folder, without writing anything; ``defs`` as in :func:`load_claims`."""
     folder = Path(folder)
     prov = read_provenance(folder)
-    claims = load_claims(prov["notebook"])
+    claims = load_claims(defs, prov["notebook"])
     tables = Tables(folder)
     records = []
     for c in claims:
@@ -155,15 +150,16 @@ def frame(records: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(records, columns=list(FIELDS))
 
 
-def rebuild(folder, write: bool = True, changelog="auto") -> list[dict]:
+def rebuild(folder, *, defs, write: bool = True, changelog="auto") -> list[dict]:
     """Recompute ``<folder>/claims.json`` from the folder's tables and return its records.
 
-    ``write=False`` computes only. ``changelog``: the verdict change log to append to; ``"auto"`` (default) means
-    ``docs/verdict-changes.md`` for folders under the repository's ``figures/`` (a published run, or a rebuild of a
-    committed folder) and no log for scratch, smoke or test folders; ``None`` never logs.
+    ``defs``: the claim definitions, as in :func:`load_claims`. ``write=False`` computes only. ``changelog``: the
+    verdict change log to append to; ``"auto"`` (default) means ``docs/verdict-changes.md`` for folders under the
+    repository's ``figures/`` (a published run, or a rebuild of a committed folder) and no log for scratch, smoke or
+    test folders; ``None`` never logs.
     """
     folder = Path(folder)
-    prov, records = evaluate_folder(folder)
+    prov, records = evaluate_folder(folder, defs)
     if not write:
         return records
     payload = validate_file({"provenance": prov, "engine": ENGINE_VERSION, "claims": records})
@@ -178,7 +174,7 @@ def rebuild(folder, write: bool = True, changelog="auto") -> list[dict]:
         changelog = CHANGELOG if _is_committed_folder(folder) else None
     if changelog is not None:
         legacy = {}
-        for c in load_claims(prov["notebook"]):
+        for c in load_claims(defs, prov["notebook"]):
             texts = c.legacy if isinstance(c.legacy, (list, tuple)) else [c.legacy] if c.legacy else []
             legacy[c.id] = tuple(texts)
         append_changelog(changelog, _display(folder), verdict_changes(old, records, legacy))
@@ -193,8 +189,9 @@ def output_folders(root: Path | None = None) -> list[Path]:
                   if not any(part.startswith(".") for part in p.relative_to(root).parts))   # staging folders
 
 
-def check(root: Path | None = None) -> list[str]:
-    """Problems with the committed claims: each claims.json must validate and equal an in-memory rebuild."""
+def check(root: Path | None = None, *, defs) -> list[str]:
+    """Problems with the committed claims: each claims.json must validate and equal an in-memory rebuild with
+    ``defs`` (as in :func:`load_claims`)."""
     problems = []
     root = Path(root) if root is not None else figures_root()
     for folder in output_folders(root):
@@ -211,7 +208,7 @@ def check(root: Path | None = None) -> list[str]:
             problems.append(f"{where}: {e}")
             continue
         try:
-            prov, records = evaluate_folder(folder)
+            prov, records = evaluate_folder(folder, defs)
         except Exception as e:
             problems.append(f"{where}: rebuild failed: {type(e).__name__}: {e}")
             continue
