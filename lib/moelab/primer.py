@@ -7,10 +7,12 @@ MultipleNegativesRankingLoss), written here because it is five lines on top of o
 """
 from __future__ import annotations
 
+import copy
 import random
 import re
 import time
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
@@ -21,10 +23,13 @@ from moelab.core import capture_moe, moe_layers, top_p_route, topk_route
 from moelab.core.aggregation import linear, sba
 from moelab.core.dispatch import moe_dispatch, naive_dispatch
 from moelab.core.losses import in_batch_contrastive, load_balancing_loss
+from moelab.train import TrainConfig, train
 
 __all__ = ["wordnet_gloss_pairs", "load_minilm_hf", "embed", "contrastive_loss_fn", "routing_table", "expert_load",
            "load_imbalance", "train_only_moe", "moe_param_groups", "two_vector_aggregation", "time_dispatch",
-           "router_logits", "active_expert_counts", "real_norm_ratio", "ffn_inputs", "contrastive_eval_fn"]
+           "router_logits", "active_expert_counts", "real_norm_ratio", "ffn_inputs", "contrastive_eval_fn",
+           "upcycling_equivalence", "train_balancing_runs", "load_tables", "plot_balancing", "plot_routing_weights",
+           "plot_active_experts", "plot_aggregation", "dispatch_medians", "plot_dispatch"]
 
 
 def wordnet_gloss_pairs(n: int, seed: int = 0, min_words: int = 3) -> list[tuple[str, str]]:
@@ -298,3 +303,135 @@ def contrastive_eval_fn(tok, pairs, batch_size: int = 32, scale: float = 20.0, m
         return {"heldout_contrastive": float(np.mean(losses))}
 
     return eval_fn
+
+
+# ------------------------------------------------------------------ the notebook's steps (00 sections 1-6) and plots
+
+@torch.no_grad()
+def upcycling_equivalence(dense, upcycled, tok, texts) -> pd.DataFrame:
+    """Section 1 of notebook 00: per sentence, the largest |dense - upcycled| embedding coordinate and the cosine of
+    the two (unit) embeddings; sparse upcycling with renormalised top-k weights gives Σ_i w_i E(x) = E(x)."""
+    e_dense, _ = embed(dense.eval(), tok, texts)
+    e_moe, _ = embed(upcycled.eval(), tok, texts)
+    return pd.DataFrame({"text": list(texts), "max_abs_diff": (e_dense - e_moe).abs().amax(-1).numpy(),
+                         "cosine": (e_dense * e_moe).sum(-1).numpy()})
+
+
+def train_balancing_runs(upcycled, tok, train_pairs, eval_fn, init_loss: float, *, aux_coef: float, steps: int,
+                         batch: int, router_lr: float, expert_lr: float, warmup_frac: float, eval_every: int,
+                         seed: int):
+    """Section 2 of notebook 00: two copies of ``upcycled`` trained through :func:`moelab.train.train` (MoE layers
+    only, routers at ``router_lr``, experts at ``expert_lr``), once without and once with ``aux_coef`` x the Switch
+    balancing loss, same seed and batches. Returns (models by run name, per-step history, held-out loss history
+    starting with ``init_loss`` at step 0 for both)."""
+    runs, histories = {}, []
+    evals = [pd.DataFrame({"step": [0], "heldout_contrastive": [init_loss], "run": ["both"]})]
+    for name, coef in (("no balancing loss", 0.0), ("with balancing loss", aux_coef)):
+        model = copy.deepcopy(upcycled)
+        train_only_moe(model)
+        loader = torch.utils.data.DataLoader(train_pairs, batch_size=batch, shuffle=True, collate_fn=list)
+        res = train(model, loader, loss_fn=contrastive_loss_fn(tok, aux_coef=coef),
+                    cfg=TrainConfig(lr=router_lr, steps=steps, warmup_frac=warmup_frac, seed=seed,
+                                    eval_every=eval_every, desc=name), eval_fn=eval_fn,
+                    param_groups=moe_param_groups(model, router_lr, expert_lr))
+        runs[name] = res.model
+        histories.append(res.history.assign(run=name))
+        evals.append(res.eval_history.assign(run=name))
+    return runs, pd.concat(histories, ignore_index=True), pd.concat(evals, ignore_index=True)
+
+
+def load_tables(models: dict, tok, texts) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Expert load of every model on held-out ``texts`` (:func:`expert_load`, column ``run``) and its imbalance per
+    (run, layer, batch): the coefficient of variation of the load (:func:`load_imbalance`)."""
+    load = pd.concat([expert_load(m, tok, texts).assign(run=name) for name, m in models.items()])
+    imb = (load.groupby(["run", "layer", "batch"]).load.apply(_imbalance_of).rename("imbalance").reset_index())
+    return load, imb
+
+
+def _imbalance_of(s: pd.Series) -> float:
+    return float(load_imbalance(s.to_numpy()))
+
+
+def plot_balancing(history, heldout, load, runs_order, num_experts: int):
+    """Fig. 1 of notebook 00: contrastive loss (training batches faint, held-out dots), load imbalance while
+    training, and the held-out load per expert of the last MoE layer (dashed: the uniform share 1/E)."""
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
+    imb_cols = [c for c in history.columns if c.startswith("imbalance_L")]
+    for name, h in history.groupby("run"):
+        axes[0].plot(h.step, h.contrastive, alpha=0.35, lw=1)
+        e = heldout[heldout.run.isin([name, "both"])]
+        axes[0].plot(e.step, e.heldout_contrastive, "o-", color=axes[0].lines[-1].get_color(),
+                     label=f"{name} (held-out)")
+        axes[1].plot(h.step, h[imb_cols].mean(axis=1), label=name)
+    axes[0].set(xlabel="step", ylabel="contrastive loss", title="loss: training batches (faint), held-out (dots)")
+    axes[1].set(xlabel="step", ylabel="mean CV of expert load", title="load imbalance while training")
+    last = load[load.layer == load.layer.max()]  # expert ids are per layer: show the last MoE layer
+    last.groupby(["run", "expert"]).load.mean().unstack(0)[list(runs_order)].plot.bar(ax=axes[2], rot=0)
+    axes[2].axhline(1 / num_experts, color="k", lw=0.8, ls="--")  # uniform share 1/E
+    axes[2].set(ylabel="share of token-slots", title="held-out load per expert, last MoE layer")
+    axes[0].legend()
+    fig.tight_layout()
+    return fig
+
+
+def plot_routing_weights(rt: pd.DataFrame):
+    """Fig. 2 of notebook 00: router probabilities per token (rows) and expert (columns); red = kept top-k."""
+    grid = rt.pivot(index="position", columns="expert", values="prob")
+    kept = rt.pivot(index="position", columns="expert", values="kept")
+    fig, ax = plt.subplots(figsize=(6, 0.32 * len(grid) + 1.2))
+    im = ax.imshow(grid.to_numpy(), cmap="viridis", aspect="auto")
+    for (i, j) in zip(*np.nonzero(kept.to_numpy())):
+        ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=1.5))
+    ax.set_yticks(range(len(grid)), rt.drop_duplicates("position").token)
+    ax.set_xlabel("expert")
+    fig.colorbar(im, label="router probability")
+    return fig
+
+
+def plot_active_experts(active: pd.DataFrame, num_experts: int):
+    """Fig. 3 of notebook 00: the distribution of active experts per token under each routing rule."""
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    bins = np.arange(0.5, num_experts + 1.5)
+    for rule, a in active.groupby("rule", sort=False):
+        ax.hist(a.active, bins=bins, histtype="step", lw=2, density=True, label=rule)
+    ax.set(xlabel="active experts per token", ylabel="share of tokens", title="top-k vs top-p")
+    ax.legend()
+    return fig
+
+
+def plot_aggregation(agg: pd.DataFrame, angles=(60, 120, 165)):
+    """Fig. 4 of notebook 00: the linear and SBA mixes of two unit vectors drawn at ``angles`` (left), and the norm of
+    each mix against the angle with cos(θ/2) (right)."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    t = np.linspace(0, np.pi, 200)
+    axes[0].plot(np.cos(t), np.sin(t), color="0.7", lw=1)
+    for a in angles:
+        r = agg[agg.angle_deg == a].iloc[0]
+        th = np.deg2rad(a)
+        axes[0].plot([1, np.cos(th)], [0, np.sin(th)], "k:", lw=0.8)
+        axes[0].annotate("", (np.cos(th), np.sin(th)), (0, 0), arrowprops=dict(arrowstyle="->", color="0.4"))
+        axes[0].plot(r.linear_x, r.linear_y, "o", color="C0", label="linear" if a == angles[0] else None)
+        axes[0].plot(r.sba_x, r.sba_y, "s", color="C1", label="SBA" if a == angles[0] else None)
+    axes[0].annotate("", (1, 0), (0, 0), arrowprops=dict(arrowstyle="->", color="0.4"))
+    axes[0].set(aspect="equal", title="mixing two unit vectors (w = ½, ½)")
+    axes[0].legend()
+    axes[1].plot(agg.angle_deg, agg.linear_norm, "o-", label="linear")
+    axes[1].plot(agg.angle_deg, agg.sba_norm, "s-", label="SBA")
+    axes[1].plot(agg.angle_deg, agg.cos_half_angle, "k--", lw=0.8, label="cos(θ/2)")
+    axes[1].set(xlabel="angle between experts θ (degrees)", ylabel="norm of the mix", title="inward collapse")
+    axes[1].legend()
+    fig.tight_layout()
+    return fig
+
+
+def dispatch_medians(timing: pd.DataFrame) -> pd.DataFrame:
+    """Median seconds per (tokens, implementation) of :func:`time_dispatch`'s table: one row per token count."""
+    return timing.groupby(["tokens", "impl"]).seconds.median().unstack()
+
+
+def plot_dispatch(tm: pd.DataFrame):
+    """Fig. 5 of notebook 00: median wall time of the grouped dispatch and the per-token loop (log scale)."""
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    tm.plot.bar(ax=ax, rot=0, logy=True)
+    ax.set(ylabel="seconds (median)", title="dispatch: grouped vs per-token loop")
+    return fig
