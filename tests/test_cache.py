@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from moelab import assets, cache, claims, mass, nbrun
-from moelab.ginc import GINCConfig
+from moelab.mass.data import GINCConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -491,7 +491,7 @@ def test_version_is_part_of_the_key_and_must_be_plain(tmp_cache):
 def test_notebook_lambda_gets_the_modules_it_calls():
     """Functions defined in a notebook (no moelab __module__): globals, attribute chains, helpers, cells, objects."""
     ns = {}
-    exec("import moelab\nfrom moelab import core\nfrom moelab.ginc import GINCConfig\n"
+    exec("import moelab\nfrom moelab import core\nfrom moelab.mass.data import GINCConfig\n"
          "f_core = lambda: core.routing.topk_route\n"
          "f_chain = lambda: moelab.suite.embed.pair_sets\n"
          "def helper():\n    return moelab.seed.seed_everything(0)\n"

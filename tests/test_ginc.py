@@ -1,11 +1,11 @@
-"""GINC generator (moelab.ginc) against its definition and a brute-force Bayes predictor (MASS notebook 04)."""
+"""GINC generator (moelab.mass.data) against its definition and a brute-force Bayes predictor (MASS notebook 04)."""
 import itertools
 
 import numpy as np
 import pytest
 
-from moelab.ginc import (GINCConfig, bayes_labels, bayes_nll, build_ginc, predictive_probs, sample_documents,
-                         sample_prompts)
+from moelab.mass.data import (GINCConfig, bayes_labels, bayes_nll, build_ginc, predictive_probs, sample_documents,
+                              sample_prompts)
 
 
 @pytest.fixture(scope="module")

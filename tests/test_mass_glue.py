@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from moelab.core import MoELayer
-from moelab.mass.resume import run_glue_standin_cached, task_digest
 from moelab.mass import (DynMoEAdapter, GlueStandinConfig, MassConfig, MassLayerExpander, duplicate_layer_expert,
                          glue_standin, project_rows, redundancy_term, run_glue_standin)
+from moelab.mass.experiment import run_glue_standin_cached, task_digest
 
 
 def _layer(router="top_p", E=4, active=2, **kw):

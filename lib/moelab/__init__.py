@@ -2,10 +2,13 @@
 
 Layout (see README.md):
 - ``moelab.core``: the shared MoE core (routers, losses, experts, dispatch, aggregation, capture, dense->MoE conversion).
-- one module per paper: ``moce`` (01), ``sba`` + ``nomic`` (02), ``cluster_upcycling`` (03), ``mass`` + ``ginc`` (04), ``free_moe`` (05).
+- one package per paper, each with its claim definitions in ``<paper>/claims.py``: ``moce`` (01), ``sba`` (02),
+  ``cluster_upcycling`` (03), ``mass`` (04), ``free_moe`` (05); ``primer`` holds notebook 00's experiments.
 - shared services: ``assets`` (real offline models/data), ``cache`` (one cache dir, atomic entries), ``suite`` (data and
-  evaluation), ``train`` (Accelerate trainer), ``claims`` / ``stats`` (verdicts), ``nbrun`` (figures, tables, provenance),
-  ``notebooks`` (papermill runner), ``profiles``, ``seed``.
+  evaluation), ``train`` (Accelerate trainer), ``stats`` (intervals and rules the reports share), ``claims`` (the
+  verdict engine; it imports no paper package), ``profiles``, ``seed``.
+- the run layer on top: ``nbrun`` (figures, tables, provenance, the notebook -> claim definitions table),
+  ``notebooks`` (papermill runner).
 
 Imports are lazy so that ``import moelab`` stays cheap (no torch at import time).
 """

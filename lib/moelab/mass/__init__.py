@@ -3,8 +3,10 @@
 ``method`` (MASS itself: top-p gate, change-point and semantic tests, duplication, redundancy term, expansion state
 machine; DynMoE as the baseline method), ``data`` (the GINC generator, the paper's in-context format, its Bayes
 floor and n-gram baselines; GLUE loaders), ``experiment`` (the stacked synthetic model, training, naive grid and MASS
-runs, GLUE stand-in), ``report`` (frontier, JSD, figures, summaries).  Every name that ``moelab.mass`` and
-``moelab.ginc`` exported before the split is re-exported here (``moelab.ginc`` is a shim onto ``moelab.mass.data``).
+runs, GLUE stand-in), ``report`` (frontier, JSD, figures, summaries); ``claims`` (the notebook's claim definitions,
+loaded only by the runner and ``python -m moelab.claims``, never from here). Every name ``moelab.mass`` exported before
+the split into a package is re-exported here; the GINC generator is imported from ``moelab.mass`` or
+``moelab.mass.data``.
 """
 from moelab.mass.data import *  # noqa: F401,F403
 from moelab.mass.data import __all__ as _data_all
