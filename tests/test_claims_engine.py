@@ -15,7 +15,7 @@ from moelab.claims import (ByConstruction, Claim, ClaimEvidenceError, Insufficie
                            NotInProfile, Options, Precomputed, Regime, Seeds, Tables, Trend, Unobtainable,
                            check_definitions, evaluate, scorecard_markdown, validate_record)
 from moelab.claims.__main__ import main as cli
-from moelab.claims.scorecard import results_markdown, review_markdown
+from moelab.claims.verdict_summary import results_markdown, review_markdown
 from moelab.nbrun import CLAIM_DEFS, REPO_ROOT, claim_defs
 
 rb = importlib.import_module("moelab.claims.rebuild")   # the module (moelab.claims.rebuild is also the function)

@@ -42,7 +42,7 @@ from pathlib import Path
 from moelab.cache import cache_root
 from moelab.claims import rebuild as claims_rebuild
 from moelab.claims import scorecard_markdown
-from moelab.claims.scorecard import results_markdown
+from moelab.claims.verdict_summary import results_markdown
 from moelab.nbmd import MD_NAME, write_notebook_md
 from moelab.nbrun import (FIGURE_LINKS_ENV, OWNER_ENV, PARAMS_ENV, REPO_ROOT, claim_defs, dirty_sources, figures_root,
                           git_commit, is_verdict_code, output_dir, publish_dir, recover_published, source_id,

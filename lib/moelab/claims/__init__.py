@@ -1,7 +1,8 @@
 """Claims engine: every verdict is a pure function of the tables a notebook saved.
 
 ``Claim`` + evidence types and ``evaluate`` (engine), ``validate_record`` (schema), ``rebuild`` and the CLI
-``python -m moelab.claims rebuild|check|review`` (rebuild), ``scorecard_markdown`` (README table). See docs/CLAIMS.md.
+``python -m moelab.claims rebuild|check|review`` (rebuild), ``scorecard_markdown`` (the README table; the verdict
+summaries are in ``verdict_summary``). See docs/CLAIMS.md.
 The claim definitions live beside the code they judge (``moelab.<paper>.claims``; the primer's in
 ``moelab.claims.primer``); this package imports no paper package, and ``rebuild`` / ``check`` are handed the
 definitions by their caller (the run layer's table, :data:`moelab.nbrun.CLAIM_DEFS`).
@@ -12,7 +13,7 @@ from moelab.claims.engine import (DECISIVE, DETERMINED_BY, ENGINE_VERSION, VERDI
                                   check_definitions, evaluate, with_range_pseudo_pairs)
 from moelab.claims.rebuild import check, frame, load_claims, output_folders, rebuild
 from moelab.claims.schema import FIELDS, validate_file, validate_record
-from moelab.claims.scorecard import scorecard_markdown
+from moelab.claims.verdict_summary import scorecard_markdown
 
 __all__ = ["DECISIVE", "DETERMINED_BY", "ENGINE_VERSION", "VERDICTS", "ByConstruction", "Claim", "ClaimEvidenceError",
            "FIELDS", "Insufficient", "Items", "Level", "MissingTable", "NotInProfile", "Options", "OutsideRegime",

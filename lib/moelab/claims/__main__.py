@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from moelab.claims.rebuild import CHANGELOG, REPO_ROOT, check, figures_root, output_folders, rebuild
-from moelab.claims.scorecard import review_markdown, review_rows
+from moelab.claims.verdict_summary import review_markdown, review_rows
 from moelab.nbrun import claim_defs
 
 

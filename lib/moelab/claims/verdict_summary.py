@@ -1,7 +1,8 @@
-"""The README scorecard (issue 14, item 7; issue 32): counts by label per notebook and profile in the README,
-docs/RESULTS.md with one row per claim (paper's value and unit, our difference and unit, its 95% interval, the MDE,
-seeds x items, the label, the reason in a few words, the table it comes from; extensions apart), and
-docs/claims-review.md, the referee's checklist of every decisive verdict."""
+"""The verdict summaries, rendered as Markdown from every ``claims.json`` under a figures root: the README scorecard
+(counts by label per notebook and profile), docs/RESULTS.md with one row per claim (paper's value and unit, our
+difference and unit, its 95% interval, the MDE, seeds x items, the label, the reason in a few words, the table it comes
+from; extensions apart), and docs/claims-review.md, the referee's checklist of every decisive verdict. (The
+model-benchmark scorecard is a different thing: ``moelab.suite.scorecard``.)"""
 from __future__ import annotations
 
 import json
