@@ -231,3 +231,17 @@ def test_ablation_options_per_metric(tmp_path):
     assert np.allclose(np.sort(gsm.scores["attn"]), np.sort(want))
     rec = evaluate(_claim("patch_1x1_best_humaneval"), T)
     assert rec["verdict"] == "inconclusive" and "table4_patch-items.csv" in rec["reason"]
+
+
+def test_a_ranking_over_options_this_profile_did_not_run_is_not_in_this_profile(tmp_path):
+    """The full profile runs patch sizes 1x1, 4x4, 16x16 (no 2x2): Table 4's ranking of four sizes is the paper
+    profile's, not decided on three."""
+    from moelab.claims import NotInProfile
+    rng = np.random.default_rng(7)
+    rows = [dict(method=o, task=nb05.NLL_CODE, id=i, metric="loglik", score=rng.normal(-1.2, 0.2))
+            for o in ("1x1", "4x4", "16x16") for i in range(12)]
+    T = _folder(tmp_path, {"table4_patch-items": pd.DataFrame(rows)})
+    ev = nb05.options_evidence("table4_patch-items", nb05.NLL_CODE, "loglik", ("1x1", "2x2", "4x4", "16x16"))(T)
+    assert isinstance(ev, NotInProfile) and ev.profile == "paper" and "2x2 not run" in ev.reason
+    full = nb05.options_evidence("table4_patch-items", nb05.NLL_CODE, "loglik", ("1x1", "4x4", "16x16"))(T)
+    assert isinstance(full, Options) and set(full.scores) == {"1x1", "4x4", "16x16"}

@@ -232,8 +232,11 @@ def options_evidence(table: str, task: str, metric: str, options):
         if p is None:
             return Insufficient(f"{task} ({metric}) was not scored in the {table} ablation")
         have = [o for o in options if o in p.columns]
-        if len(have) < len(options):
-            return Insufficient(f"options {sorted(set(options) - set(have))} not run in this profile")
+        if len(have) < len(options):   # the paper's claim ranks all its options: a subset cannot decide it
+            missing = [o for o in options if o not in have]
+            return NotInProfile("paper", f"the paper ranks {', '.join(options)}; this profile runs "
+                                         f"{', '.join(have) or 'none of them'} ({', '.join(missing)} not run: see "
+                                         "free_moe/config.py), so the ranking is scored by the paper profile")
         return Options({o: p[o].to_numpy() for o in options}, unit_of_replication="items",
                        score_range=None if metric == "loglik" else BOUNDED)
     return evidence
