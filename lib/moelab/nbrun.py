@@ -1,4 +1,4 @@
-"""Per-notebook run object: seeds, output directory, figures, tables, claims and provenance (foundation issue, item 6).
+"""Per-notebook run object: seeds, output directory, figures, tables, claims and provenance.
 
 A notebook's derived-settings cell does ``run = moelab.start_run("04_mass", profile=PROFILE, seed=SEED)`` and then
 saves every figure with ``run.savefig`` and every result table with ``run.save_table``; its conclusion cell calls
@@ -152,8 +152,9 @@ def publish_dir(staging: Path, final: Path, profile: str) -> None:
 
 # Tracked files that runs and reports write (never sources of a run's numbers): a change there does not make a
 # commit "+dirty". The README's results table and docs/RESULTS.md are regenerated after a publishing run,
-# docs/verdict-changes.md is appended to by every publishing run (so the second notebook of a series saw the first's
-# entry: issue 37), docs/verify/ is written by `make verify`, docs/timings.md by `moelab.notebooks timings`.
+# docs/verdict-changes.md is appended to by every publishing run (otherwise the second notebook of a series would
+# count the first's entry as a change), docs/verify/ is written by `make verify`, docs/timings.md by
+# `moelab.notebooks timings`.
 GENERATED_OUTPUTS = ("figures", "README.md", "docs/RESULTS.md", "docs/verdict-changes.md", "docs/verify",
                      "docs/timings.md")
 
@@ -298,7 +299,7 @@ def staging_dir(final: Path, pid: int) -> Path:
 
 def claims_for_reader(claims):
     """The columns of a claims frame (``run.finish()``) a reader needs: the claim, the paper's reference and number,
-    ours with its 95% interval, and the verdict (issue 37: the full record has 25 columns)."""
+    ours with its 95% interval, and the verdict (the full record has 25 columns)."""
     return claims[["claim", "paper_ref", "paper_value", "ours", "ci_low", "ci_high", "verdict"]]
 
 

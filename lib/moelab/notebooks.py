@@ -1,4 +1,4 @@
-"""Notebook runner behind ``make figures`` / ``make test`` (foundation issue, item 5).
+"""Notebook runner behind ``make figures`` / ``make test``.
 
     python -m moelab.notebooks run --profile default [--only 03 [04 ...]] [--force] [--fail-fast] [--scratch]
                                    [-p NAME=VALUE ...]
@@ -343,7 +343,7 @@ def write_readme_results(readme: Path | None = None) -> bool:
                  lambda m: f"{BEGIN}\n{results_table()}\n{END}", text, flags=re.S)
     readme.write_text(new)
     docs = readme.parent / "docs"
-    if docs.is_dir():   # the full per-claim tables beside the README (issue 32)
+    if docs.is_dir():   # the full per-claim tables beside the README
         (docs / "RESULTS.md").write_text(results_markdown(figures_root()))
     return True
 
@@ -440,7 +440,7 @@ def _verify_substance(text: str) -> list:
 
 def write_verify_report(path: Path, report: str, force: bool = False) -> bool:
     """Write ``report`` to ``path`` only when asked (``force``) or when it differs in substance from the file there
-    (issue 37: a passing ``make verify`` left a tracked file changed); returns whether it wrote."""
+    (so a passing ``make verify`` leaves no tracked file changed); returns whether it wrote."""
     if not force and path.exists() and _verify_substance(path.read_text()) == _verify_substance(report):
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -509,7 +509,7 @@ def cmd_notebook_md(a) -> int:
     return 0
 
 
-# ---------------------------------------------------------------- docs/timings.md (issue 37, item 1)
+# ---------------------------------------------------------------- docs/timings.md
 TIMINGS_DOC = REPO_ROOT / "docs" / "timings.md"
 
 

@@ -1,4 +1,4 @@
-"""Run profiles shared by every notebook (foundation issue, item 4).
+"""Run profiles shared by every notebook.
 
 - ``smoke``: under 3 minutes per notebook; what CI runs; writes to a scratch directory.
 - ``default``: the embedded default on a 2-core CPU (``make figures``); writes ``figures/<notebook>/``.

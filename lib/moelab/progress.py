@@ -1,4 +1,4 @@
-"""One progress-bar helper for every long loop in moelab (issue 16, item 3: "progress a user can see").
+"""One progress-bar helper for every long loop in moelab ("progress a user can see").
 
 Training steps (``moelab.train.train``, MASS's stacked loop), grid cells (loops over configurations and seeds) and
 evaluation items all show a tqdm bar with the rate and an estimate of the time left, made here::
@@ -16,7 +16,7 @@ Where the bar goes is set by the environment variable ``MOELAB_PROGRESS``:
   :data:`TEXT_MININTERVAL_S` seconds so that the executed notebook's stored output stays small;
 * ``log``: plain lines, no carriage returns or terminal escape codes (a log file): one line per update, at most every
   :data:`LOG_MININTERVAL_S` seconds. The runner sets it when its own stderr is not a terminal; ``auto`` outside a
-  Jupyter kernel behaves so too when stderr is not a terminal (issue 37);
+  Jupyter kernel behaves so too when stderr is not a terminal;
 * ``0``: no bars (``make test``, the smoke profile, ``--no-progress``).
 
 Inner bars (a training run inside a grid cell) are transient (``leave=False`` when another bar is open), so a grid

@@ -1,6 +1,6 @@
-"""Intervals used by the claims engine: percentile bootstraps (foundation issue, item 6) and t-based intervals,
-Welch, OLS slope and the minimum detectable effect (issue 14, item 4); and the helpers that several paper modules
-share (issue 18, item 7): the elbow rule :func:`elbow_max_chord` and the Jensen-Shannon divergence
+"""Intervals used by the claims engine: percentile bootstraps and t-based intervals,
+Welch, OLS slope and the minimum detectable effect; and the helpers that several paper modules
+share: the elbow rule :func:`elbow_max_chord` and the Jensen-Shannon divergence
 :func:`jensen_shannon`."""
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def paired_bootstrap(a, b, n_boot: int = 2000, seed: int = 0, level: float = 0.9
     return float(d.mean()), float(lo), float(hi)
 
 
-# ---------------------------------------------------------------- t-based intervals (issue 14, item 4)
+# ---------------------------------------------------------------- t-based intervals
 # Claims that compare trained models replicate over seeds: items are averaged within each seed and the interval is a
 # t-interval on the seed-level values (df = n_seeds - 1). Models fixed by design replicate over items. Every helper
 # returns an ``Interval`` carrying the standard error and degrees of freedom, so the claims engine can compute the
@@ -157,7 +157,7 @@ def minimum_detectable_effect(se: float, df: float, alpha: float = 0.05, power: 
     return float((t_quantile(1 - alpha / 2, df) + t_quantile(power, df)) * se)
 
 
-# ---------------------------------------------------------------- helpers shared by the paper modules (issue 18, item 7)
+# ---------------------------------------------------------------- helpers shared by the paper modules
 # One implementation each, used by 01 (MoCE's choice of k), 02 (SBA's routing JSD across domains) and 04 (MASS's
 # frontier elbow and routing JSD); the paper modules re-export them under their old names.
 

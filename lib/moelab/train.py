@@ -25,7 +25,7 @@ gradient clipping -> ``optimizer.step()`` -> ``after_step`` hook (EMA teachers) 
 optional evaluation (``eval_fn`` every ``eval_every`` steps, RNG forked so evaluation never changes training) ->
 optional checkpoint.
 
-Router gradient (issue 15, item 1): at the logged steps (the first, every ``log_every``-th and the last) the gradient
+Router gradient: at the logged steps (the first, every ``log_every``-th and the last) the gradient
 of the *task* loss w.r.t. every router (``moelab.core.diagnostics``) is taken with ``torch.autograd.grad`` before the
 step's backward pass, summed over micro-batches like the step's gradient and averaged over processes; its norm per
 router goes to the history as ``router_grad_norm/<router module>`` and the largest as ``router_grad_norm`` (NaN at the
@@ -33,7 +33,7 @@ other steps). The task loss is ``metrics["task_loss"]`` when ``loss_fn`` returns
 the loss without balancing or other router regularisers), else the loss itself. A run whose router gradient is zero
 at every logged step raises RuntimeError unless ``TrainConfig.router_frozen`` (recorded in the history).
 
-Progress (issue 16, item 3): a bar over the steps from :func:`moelab.progress.bar` (time left; ``progress=None``
+Progress: a bar over the steps from :func:`moelab.progress.bar` (time left; ``progress=None``
 follows ``MOELAB_PROGRESS``).
 """
 
@@ -232,7 +232,7 @@ def flattened(losses, window_frac: float = 0.2, tol: float = 0.02) -> tuple[bool
     ``relative_fall = (L̄_start - L̄_end) / |L̄_start|`` between the smoothed loss where the last ``m`` steps begin
     and at the end. Flattened when ``0 <= relative_fall < tol`` (e.g. the smoothed loss fell by less than 2 % over
     the last 20 % of the steps); a loss that went up (``relative_fall < 0``: over-fitting or instability) is never
-    "flattened" (issue 20, item 2). Returns ``(flattened, relative_fall)``.
+    "flattened". Returns ``(flattened, relative_fall)``.
     """
     x = np.asarray(losses, dtype=float).ravel()
     if not (0 < window_frac < 1):
@@ -431,7 +431,7 @@ class _BatchStream:
 def resolve_device(device: str = "auto", mixed_precision: str = "auto", *, cuda_available: bool | None = None,
                    bf16_supported: bool | None = None) -> tuple[str, str]:
     """Where a run with these :class:`TrainConfig` settings trains and in which autocast precision: ``(device,
-    mixed_precision)`` with device "cpu" or "cuda" and precision "no", "bf16" or "fp16" (issue 33).
+    mixed_precision)`` with device "cpu" or "cuda" and precision "no", "bf16" or "fp16".
 
     ``device="auto"``: CUDA when a device is visible, else the CPU. ``mixed_precision="auto"``: bf16 autocast on a
     CUDA device that supports it, else none (fp32); an explicit "bf16"/"fp16" needs CUDA. ``cuda_available`` /
@@ -668,7 +668,7 @@ def _drop_autocast_wrapper(model: nn.Module, acc) -> None:
     """Put the model's own ``forward`` back after training. Under mixed precision (bf16 on CUDA) Accelerate's
     ``prepare`` wraps ``forward`` in autocast for good; the trainer's steps run under ``acc.autocast()`` anyway, and the
     returned model must compute in its own precision (evaluations after training in fp32, as on the CPU), nor stack a
-    second wrapper when trained again (issue 33)."""
+    second wrapper when trained again."""
     for m in {id(x): x for x in (acc.unwrap_model(model), _unwrap(acc.unwrap_model(model)))}.values():
         orig = m.__dict__.pop("_original_forward", None)
         if orig is None:

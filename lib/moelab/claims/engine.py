@@ -1,4 +1,4 @@
-"""Claims engine v2 (issue 14): a claim is a pure function of the tables a notebook saved.
+"""Claims engine: a claim is a pure function of the tables a notebook saved.
 
 A :class:`Claim` says what the paper states (its numbers, written beside the claim with the table they come from)
 and how to read the matching evidence from the saved tables (``evidence(T) -> Seeds | Items | ...``).
@@ -11,7 +11,7 @@ and how to read the matching evidence from the saved tables (``evidence(T) -> Se
    detectable effect and the metric is the paper's own (``proxy=False``);
 3. otherwise ``inconclusive``.
 
-Gates that do not look at the answer (issue 32), applied before the rule: evidence that cannot be had
+Gates that do not look at the answer, applied before the rule: evidence that cannot be had
 (``unobtainable``), a claim another profile scores (``not in this profile``), a failed regime check of the stand-in
 (``outside the regime``: the claim's ``regime=``), a check that is no claim of the paper (``extension``), and a
 quantity fixed by the definition or the initialisation (``determined_by``: ``holds by construction`` whichever way it
@@ -104,8 +104,8 @@ class Tables:
 
 # ---------------------------------------------------------------- evidence types
 def _unit_check(units, what: str):
-    """Reject evidence that would pool metrics of different units (issue 14: 'no claim pools metrics of different
-    units')."""
+    """Reject evidence that would pool metrics of different units: no claim pools metrics of different
+    units."""
     distinct = sorted({u for u in units if u is not None})
     if len(distinct) > 1:
         raise ValueError(f"{what} mixes units {distinct}: a claim compares one metric in one unit; split it into one "

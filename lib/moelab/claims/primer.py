@@ -1,10 +1,10 @@
-"""Claim definitions of notebook 00 (the MoE primer), issue 14.
+"""Claim definitions of notebook 00 (the MoE primer).
 
 The primer tests general MoE mechanics; its "paper" values are the textbook facts it cites (sparse upcycling,
 Komatsuzaki et al.; the Switch Transformer balancing loss, Fedus et al. Sec. 2.2; MASS's top-p gate, paper 003
 Sec. 3; SBA's inward collapse, paper 001 Sec. III; grouped dispatch, MegaBlocks). Three of them are identities: true
 of the definition or of the initialisation alone, so they are recorded as ``holds by construction`` with the
-measured deviation whichever way it falls (issue 32; a deviation beyond rounding is a bug for the unit tests). Top-p's
+measured deviation whichever way it falls (a deviation beyond rounding is a bug for the unit tests). Top-p's
 varying count is true of the rule's definition. The dispatch timing is an extension (a check of our implementation, not a claim of the
 papers). Verdicts are computed from the tables the notebook saved (docs/CLAIMS.md).
 """
@@ -25,7 +25,7 @@ NO_STANDIN = Regime(check="none: a mechanics check on a toy MoE, not a stand-in 
 
 
 def identity_evidence(table: str, diff, tol: float, which: str, why: str):
-    """A fact true by definition/initialisation: ``holds by construction`` whichever way it falls (issue 32), with the
+    """A fact true by definition/initialisation: ``holds by construction`` whichever way it falls, with the
     measured max |deviation|; beyond ``tol`` (floating-point rounding) the deviations are reported as a level test
     (a broken implementation is for the unit tests, not a verdict on the paper)."""
     def evidence(T):

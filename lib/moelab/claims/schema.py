@@ -1,4 +1,4 @@
-"""The claim record schema (issue 14, item 2), validated on save: a missing or ill-typed field is an error.
+"""The claim record schema, validated on save: a missing or ill-typed field is an error.
 
 Every record in ``figures/**/claims.json`` has exactly the fields of :data:`FIELDS` (in that order). ``ours`` is a
 difference for every comparative or "best" claim (``ours_is`` starts with "difference"), a level only for absolute
@@ -25,7 +25,7 @@ FIELDS: dict[str, tuple] = {
     "kind": (str,), "ours_is": (str,), "ours": _OPT_NUM, "ci_low": _OPT_NUM, "ci_high": _OPT_NUM,
     "n_items": _OPT_INT, "n_seeds": _OPT_INT, "mde": _OPT_NUM,
     "verdict": (str,), "reason": (str,), "method": (str,),
-    # issue 32: the referee's checklist (required non-empty on every decisive row)
+    # the referee's checklist (required non-empty on every decisive row)
     "determined_by": (str,), "regime": (dict, type(None)), "replication": (str,), "proxy_for": (str,),
     "scored_in": (str, type(None)), "sources": (list,),
 }
@@ -100,13 +100,13 @@ def validate_record(rec: Any) -> dict:
 
 
 def check_checklist(rec: dict) -> dict:
-    """Issue 32: a decisive record must carry the referee's checklist (determined_by, regime, replication, proxy_for);
+    """A decisive record must carry the referee's checklist (determined_by, regime, replication, proxy_for);
     an empty field raises ``ValueError`` (called by ``rebuild`` and ``check`` on every record of a notebook)."""
     if rec["verdict"] in DECIDED:
         empty = [k for k in CHECKLIST if not rec[k] or (k == "regime" and not str(rec[k]["check"]).strip())]
         if empty:
             raise ValueError(f"claim record {rec['id']!r}: decisive verdict {rec['verdict']!r} with empty checklist "
-                             f"field(s) {empty} (issue 32: give the claim determined_by=, regime=, proxy_for=)")
+                             f"field(s) {empty} (give the claim determined_by=, regime=, proxy_for=)")
     return rec
 
 

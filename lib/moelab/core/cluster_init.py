@@ -1,6 +1,6 @@
 """Cluster-aware upcycling initialiser (poster 002, Chu et al., "Cluster-aware upcycling"; notebook
 ``03_cluster_upcycling``, also used by notebook ``02_sba``). Moved here from :mod:`moelab.cluster_upcycling`
-(issue 21, item 0) so that no paper module imports another; that module re-exports every name.
+so that no paper module imports another; that module re-exports every name.
 
 The poster's three initialisation steps:
 

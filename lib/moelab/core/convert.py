@@ -8,7 +8,7 @@ BERT only the two linears' path becomes the MoE: ``intermediate`` turns into a p
 the MoELayer, so ``output.LayerNorm`` and the residual stay as they were.
 
 transformers' layers call the FFN without the attention mask. So that padding stays out of the balancing loss
-(as in transformers' ``load_balancing_loss_func``; issue 15 item 2), ``moeify`` registers hooks on the model that
+(as in transformers' ``load_balancing_loss_func``), ``moeify`` registers hooks on the model that
 hand the forward call's 2-D ``attention_mask`` to every MoE layer (``MoELayer.token_mask``) and clear it afterwards.
 """
 from __future__ import annotations

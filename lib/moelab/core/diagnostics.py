@@ -1,4 +1,4 @@
-"""Router-gradient diagnostics shared by every trainer (issue 15, item 1: "a router must receive the task gradient").
+"""Router-gradient diagnostics shared by every trainer ("a router must receive the task gradient").
 
 When a route keeps a single expert and renormalises its weight to exactly 1, the router gets no gradient from the
 task loss; only the balancing loss trains it, and nothing in the loss curve shows it. Every trainer therefore logs,
@@ -116,7 +116,7 @@ def check_router_learns(norms: Mapping[str, Iterable[float]], run: str, router_f
 
 
 def router_grad_summary(history, column: str = "router_grad_norm") -> dict[str, float]:
-    """What a notebook's training table shows of the router's task-loss gradient (issue 15, item 1): the smallest and
+    """What a notebook's training table shows of the router's task-loss gradient: the smallest and
     the last logged norm of ``history[column]`` (a DataFrame or mapping of per-step values; NaN where no router was
     logged). ``{"router_grad_norm_min": nan, "router_grad_norm_last": nan}`` for a run without routers."""
     values = [] if history is None or column not in history else [float(v) for v in history[column]]

@@ -47,7 +47,7 @@ def autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
 
 def check_input_dtype(x: torch.Tensor, param_dtype: torch.dtype, what: str = "x") -> None:
     """``x`` must have the parameters' dtype, except under autocast, where the expert matmuls run in the autocast
-    dtype whatever the input's (bf16 hidden states of an autocast FFN meeting fp32 adapters, issue 33)."""
+    dtype whatever the input's (bf16 hidden states of an autocast FFN meeting fp32 adapters)."""
     if x.dtype != param_dtype and autocast_dtype(x) is None:
         raise ValueError(f"{what} dtype {x.dtype} != expert parameter dtype {param_dtype}; cast the input or the "
                          "module (.to(dtype)), or run under torch.autocast")

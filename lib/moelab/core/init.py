@@ -96,7 +96,7 @@ def dense_ffn_spec(ffn: nn.Module) -> FFNSpec:
 def stacked_experts(layer):
     """The layer's :class:`moelab.core.experts.StackedExperts` (``w_in``/``w_out`` stacked over experts), or a
     ValueError naming the layer type. Used by the cluster-aware initialiser and :func:`expert_similarity` (moved from
-    ``moelab.cluster_upcycling._experts_module``, issue 21 item 0)."""
+    ``moelab.cluster_upcycling._experts_module``)."""
     ex = getattr(layer, "experts", None)
     if ex is None or not hasattr(ex, "w_in"):
         raise ValueError(f"{type(layer).__name__} has no stacked experts with w_in/w_out (moelab.core.experts)")

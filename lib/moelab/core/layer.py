@@ -35,7 +35,7 @@ class MoELayer(nn.Module):
         top-p; "mass_batch" for top-p = the MASS authors' rule (see :func:`routing.top_p_route`),
       allow_gradient_free_routes: allow routes whose weights are always 1 (top-1 renormalised or PESC's softmax over
         one kept logit; per-token renormalised top-p), which give the router no task gradient; without it such a
-        configuration raises ``ValueError`` (issue 15),
+        configuration raises ``ValueError``,
       aggregation: "linear" | "sba" | "sba_normfree" | "sba_unit",
       shared_bias: one bias [d] added once after aggregation (nomic-embed-v2-moe),
       num_shared_experts (+ ``shared_expert_gate``: Qwen2-MoE's sigmoid gate), d_ff_shared,
@@ -51,7 +51,7 @@ class MoELayer(nn.Module):
     After forward: ``last_router_logits [T,E]``, ``last_route`` (RouteOut; indices -1 = empty slot),
     ``aux_loss``: the Switch balancing loss of this forward over the *active* slots only (free slots of a growing
     pool are left out; equal to transformers' ``load_balancing_loss_func`` on the active logits with the mask;
-    issue 15 item 2; see :func:`losses.load_balancing_loss`).
+    see :func:`losses.load_balancing_loss`).
     """
 
     def __init__(self, d_model: int, d_ff: int, num_experts: int, top_k: int, act: str = "swiglu",
@@ -198,7 +198,7 @@ class MoELayer(nn.Module):
         return per_group[0]
 
     def _balancing_loss(self, z: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """Switch loss L = E_a * sum_{e active} f_e P_e over the E_a active slots only (issue 15 item 2):
+        """Switch loss L = E_a * sum_{e active} f_e P_e over the E_a active slots only:
         softmax and top-k over the active logits z[:, active], padding excluded by ``mask`` (transformers'
         ``load_balancing_loss_func`` on the active logits)."""
         if z.shape[0] == 0:
@@ -279,7 +279,7 @@ class MoELayer(nn.Module):
 def _resolve_renormalize(router: str, renormalize, top_k: int, top_p: float, softmax_over: str,
                          allow_gradient_free_routes: bool):
     """MoELayer's ``renormalize`` (None = default) -> the value its router uses; ValueError for a route whose
-    weights carry no task gradient unless ``allow_gradient_free_routes`` (issue 15)."""
+    weights carry no task gradient unless ``allow_gradient_free_routes``."""
     if router == "top_p":
         return R.check_top_p_renormalize(renormalize, R._check_p(top_p), allow_gradient_free_routes)
     if router in ("topk", "group", "cosine"):

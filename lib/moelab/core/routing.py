@@ -7,7 +7,7 @@ Introduced in notebook ``00_primer`` (MoE primer). Shapes: T tokens, E experts, 
 Every router accepts ``active_mask [E] bool``: slots that are ``False`` (free slots of a growing pool) are
 never chosen and get zero probability.
 
-Routers must receive the task gradient (issue 15, item 1). A route that keeps a single expert and renormalises its
+Routers must receive the task gradient. A route that keeps a single expert and renormalises its
 weight (softmax over the one kept logit, or the kept weight divided by itself) gives that token weight exactly 1, so
 the router logits get no gradient from the task loss, only from the balancing loss. No router here builds such a
 route unless the caller asks for it through ``allow_gradient_free_routes=True`` (or, for top-p, through the MASS
@@ -108,7 +108,7 @@ def check_renormalize(renormalize) -> bool | str:
 
 def check_route_gradient(top_k: int, renormalize=False, softmax_over: str = "all",
                          allow_gradient_free_routes: bool = False) -> None:
-    """Raise ``ValueError`` for a top-k configuration whose weights carry no task gradient to the router (issue 15).
+    """Raise ``ValueError`` for a top-k configuration whose weights carry no task gradient to the router.
 
     Top-1 with ``renormalize=True`` (w = p_i / p_i = 1) or with ``softmax_over="topk"`` (softmax over one logit = 1)
     gives every token weight 1. ``renormalize="mass_batch"`` is allowed: with one kept expert it keeps the raw
@@ -163,8 +163,8 @@ def topk_route(logits: torch.Tensor, k: int, renormalize: bool | str = False, so
 
     Args: logits [T,E]; k; renormalize: True: w_i <- w_i / sum_{j in topk} w_j; "mass_batch": the same when k > 1,
     raw p_i when k = 1 (the MASS authors' naive top-k gate); allow_gradient_free_routes: allow top-1 with
-    ``renormalize=True`` or ``softmax_over="topk"`` (weight 1 for every token: no task gradient to the router, issue
-    15); without it those raise ``ValueError``.
+    ``renormalize=True`` or ``softmax_over="topk"`` (weight 1 for every token: no task gradient to the router);
+    without it those raise ``ValueError``.
     Returns RouteOut(weights [T,k] float32, indices [T,k] long, probs [T,E] = softmax over all active experts).
     """
     z = masked_logits(logits, active_mask)                                  # [T,E] fp32
@@ -206,7 +206,7 @@ def top_p_route(logits: torch.Tensor, p: float, convention: str = "mass", renorm
     c_j > p, i.e. keep j iff c_{j-1} <= p. (The two differ only when some c_j == p exactly.) The top-1 expert is
     always kept. S_t = the kept set of token t.
 
-    Weights (issue 15: a token keeping one expert must not get weight 1 unless asked for):
+    Weights (a token keeping one expert must not get weight 1 unless asked for):
 
     - ``renormalize=False`` (default; None means the same): w_ti = p_ti for i in S_t (Huang et al.; Switch for one
       kept expert).
@@ -299,7 +299,7 @@ class LinearRouter(nn.Module):
     """z = x W^T (bias-free linear router, as in Mixtral/nomic/PESC), then top-k. ``weight [E,d]``.
 
     ``renormalize`` / ``softmax_over`` / ``allow_gradient_free_routes`` as :func:`topk_route`; a top-1 router whose
-    weights would always be 1 raises ``ValueError`` here, at construction (issue 15)."""
+    weights would always be 1 raises ``ValueError`` here, at construction."""
 
     def __init__(self, d_model: int, num_experts: int, top_k: int, renormalize: bool | str = False,
                  softmax_over: str = "all", bias: bool = False, init_std: float = 0.02,

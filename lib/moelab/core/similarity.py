@@ -1,5 +1,5 @@
 """Similarity of a layer's experts (poster 002 "cluster-aware upcycling", analysis panel 2; notebooks
-``03_cluster_upcycling`` and ``02_sba``). Moved here from :mod:`moelab.cluster_upcycling` (issue 21, item 0) so that
+``03_cluster_upcycling`` and ``02_sba``). Moved here from :mod:`moelab.cluster_upcycling` so that
 notebook 02's :mod:`moelab.sba` no longer imports notebook 03's module; both re-export it."""
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def expert_similarity(layer) -> float:
 
 @torch.no_grad()
 def expert_output_similarity(layer, x: torch.Tensor) -> float:
-    """Specialisation measured on data (issue 21, item 2; notebook 03): mean pairwise cosine of the experts' outputs
+    """Specialisation measured on data (notebook 03): mean pairwise cosine of the experts' outputs
     on the SAME inputs, ``1/T sum_t 2/(E(E-1)) sum_{i<j} cos(E_i(x_t), E_j(x_t))``, ``x`` [T, d] held-out layer
     inputs. 1 = the experts compute the same function on these tokens (sparse upcycling at init); lower = the experts
     answer the same token differently. Unlike :func:`expert_similarity` it ignores directions the data never uses."""

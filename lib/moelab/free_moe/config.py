@@ -18,7 +18,7 @@ from moelab.profiles import check_profile
 
 __all__ = ["FreeMoeConfig", "CONFIGS", "config_for", "profile_table", "GROUPS", "MIN_REF"]
 
-MIN_REF = 40                     # reference items per cluster, at least (issue 35 item 2)
+MIN_REF = 40                     # reference items per cluster, at least
 # selection groups: (main domain, task type). MC selects for MC, generative (answer likelihood) for generative
 GROUPS = (("general", "mc"), ("maths", "mc"), ("maths", "gen"), ("code", "gen"))
 

@@ -119,7 +119,7 @@ def choose_general_tasks(model_name: str, candidates: Sequence[str], max_tasks: 
 
 
 def primary_metric(model_name: str, mc_tasks: Sequence[str]) -> tuple[str, str]:
-    """Issue 22 item 2: the metric bands are selected on and claims lead with. ``"acc"`` (the paper's Eq. 6) when the
+    """The metric bands are selected on and claims lead with. ``"acc"`` (the paper's Eq. 6) when the
     suite's scorecard marks every multiple-choice task in ``mc_tasks`` usable for ``model_name`` (above chance, the
     best fixed position and the best question-blind baseline), or when the model is not in the scorecard (the
     paper's own models); else ``"loglik"``, the answer likelihood (accuracy at chance carries no signal to select
@@ -148,7 +148,7 @@ def as_likelihood_item(item: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# issue 35: held-out reference pools per selection group (main domain x task type)
+# held-out reference pools per selection group (main domain x task type)
 # ----------------------------------------------------------------------------------------------------------------
 def _interleave(lists: Sequence[list]) -> list:
     """Round-robin merge, so that any prefix covers every list."""
@@ -164,7 +164,7 @@ def _tag(items: list, kind: str) -> list:
 
 def load_groups(general_tasks: Sequence[str], pool_per_task: int, n_test: int, n_train: int, code_test: int,
                 code_train: int, n_humaneval: int, instruct_profile: str = "default", max_code_chars: int = 0) -> dict:
-    """Notebook 05's data in selection groups (§4.1; issue 35 item 2: multiple choice selects for multiple choice,
+    """Notebook 05's data in selection groups (§4.1; multiple choice selects for multiple choice,
     generative for generative). Every item carries ``domain``, ``kind`` ("mc" | "gen") and ``group``
     (``f"{domain}-{kind}"``). Reference pools (band selection; never tested on):
 
@@ -234,7 +234,7 @@ GENERAL_CANDIDATES = ("moelab_bb_date_understanding", "moelab_bb_hyperbaton", "m
 def task_usability(model_name: str, tasks: Sequence[str]) -> dict:
     """Per lm task: ``usable`` / ``not usable`` from the suite's committed scorecard (the model beats chance and the
     options-only baselines, or a bits-per-byte interval below 8), or ``not in the scorecard``. Accuracy claims on a
-    task that is not usable are outside the regime (issue 32)."""
+    task that is not usable are outside the regime."""
     try:
         usable = _usable_tasks(model_name) if scorecard.CSV.exists() else None
     except ValueError:

@@ -190,13 +190,13 @@ class DowpResult:
     selected: dict                           # cluster -> (θmin, θmax), or None: no band improved it (dense kept)
     masks: dict                              # cluster -> {"selected" (None if dense) | "0-5%" | "ratio<r>" | ...}
     selection: pd.DataFrame | None = None    # per cluster: best band, reference gain and interval, selected
-    test_sweep: pd.DataFrame | None = None   # the same columns on test items (issue 22 item 5)
+    test_sweep: pd.DataFrame | None = None   # the same columns on test items
 
 
 def select_with_gate(sweep: pd.DataFrame, bands: Sequence[tuple[float, float]], level: float = 0.95,
                      gate: bool = True) -> tuple[dict, pd.DataFrame]:
     """θ* = argmax_θr mean reference score (Eq. 6) over the selectable ``bands`` only (the paper's 50-100% grid;
-    baseline rows such as Wanda's 0-5% never win), then the gate of issue 35: θ* is kept only when its paired
+    baseline rows such as Wanda's 0-5% never win), then the selection gate: θ* is kept only when its paired
     t-interval of (θ* - dense) over the cluster's reference items lies above 0; otherwise the cluster keeps the dense
     model (selected None). The interval is computed on the items θ* was chosen on, so it is optimistic; held-out
     test items give the unbiased number. Returns (selected, table) with one row per cluster: group, cluster,
@@ -397,7 +397,7 @@ def route_items(router: MultiLevelRouter, model: nn.Module, tok, items: Sequence
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# issue 35: clusters per selection group with enough reference items, type-aware routing, the held-out comparison
+# clusters per selection group with enough reference items, type-aware routing, the held-out comparison
 # ----------------------------------------------------------------------------------------------------------------
 @dataclass
 class Clusters:
@@ -411,7 +411,7 @@ def reference_clusters(model: nn.Module, tok, pools: dict, K: dict, n_per_cluste
                        seed: int = 0, max_length: int = 256) -> Clusters:
     """Eq. 2 per selection group: k-means on the embedding features of the group's held-out reference pool, with
     the requested K where every cluster holds at least ``min_ref`` pool items, else the largest K that does (fewer
-    clusters, issue 35 item 2; the table records both). Each cluster selects on its first ``n_per_cluster`` pool
+    clusters; the table records both). Each cluster selects on its first ``n_per_cluster`` pool
     items (pool order: validation first)."""
     kms, ref, rows = {}, {}, []
     for g, pool in pools.items():
@@ -533,7 +533,7 @@ def table1_scores(model: nn.Module, tok, items: Sequence[dict], he_items: Sequen
 
 def keep_probe(model: nn.Module, tok, items: Sequence[dict], clusters: Clusters, dowp: DowpResult, n_probe: int,
                which: str = "selected", batch_size: int = 16) -> pd.DataFrame:
-    """Extension (issue 35 item 4; not a claim of the paper): each main domain's DSS-Experts on the other domains'
+    """Extension (not a claim of the paper): each main domain's DSS-Experts on the other domains'
     items. The first ``n_probe`` test items per task, each sent to the mask domain's nearest cluster of the item's
     own type (dense where that domain has no expert of the type, and on its own items). Per item: the
     accuracy-aligned score (p_gold for multiple choice, loglik for generative), dense (BASELINE) and purified."""
@@ -562,7 +562,7 @@ def keep_probe(model: nn.Module, tok, items: Sequence[dict], clusters: Clusters,
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# ablations (Tables 2-5, band readings) with the purified share beside every score (issue 35 item 3)
+# ablations (Tables 2-5, band readings) with the purified share beside every score
 # ----------------------------------------------------------------------------------------------------------------
 def purified_pct(mask, total_weights: int) -> float:
     """Share of all DOWP target weights (every attention and MLP projection) a mask purifies, in percent (0 for the
@@ -676,7 +676,7 @@ ABLATION_SLUGS = {"table3": "sublayers", "table4": "patch", "table5": "kmeans", 
 def run_ablations(model: nn.Module, tok, data: dict, clusters: Clusters, dowp: DowpResult, cfg,
                   cache_config: dict | None = None, seed: int = 0) -> dict:
     """Tables 3-5 and the band readings where ``cfg`` (a ``FreeMoeConfig``) enables them, each on its domain's test
-    items beside the dense model with the purified share of every option (issue 35 item 3):
+    items beside the dense model with the purified share of every option:
 
     - ``table3`` (maths, paper GSM8K/MathQA): each maths cluster's best band restricted to MLP / attention / both;
     - ``table4`` (code, paper MBPP/HumanEval): re-selected at each patch size of ``ablate_patch`` (and ``patch``)

@@ -262,8 +262,8 @@ def band_boundaries(n: int, n_groups: int, theta: float, counts: str = "exact") 
 
     - ``counts="exact"``: B_g(θ) = ⌊n·θ/100 + (g + 1/2)/G⌋. By Hermite's identity Σ_g ⌊x + (g + 1/2)/G⌋ =
       ⌊G·x + 1/2⌋, so Σ_g B_g(θ) = round(N·θ/100) with N = n·G the patches in the matrix: a band purifies
-      round(N·θmax/100) - round(N·θmin/100) patches, within one patch of its nominal share at every patch size
-      (issue 22 item 3), groups differ by at most one patch, and adjacent bands still tile the ranking.
+      round(N·θmax/100) - round(N·θmin/100) patches, within one patch of its nominal share at every patch size,
+      groups differ by at most one patch, and adjacent bands still tile the ranking.
     - ``counts="floor"``: B_g(θ) = ⌊n·θ/100⌋ in every group: Wanda's rule (``sort(metric)[:, :int(n·s)]``);
       its share depends on n (e.g. 16x16 patches of a 576-wide row: 36 per row, 5% = 1 or 2 patches).
     Integer arithmetic on θ = p/q (``_percent_fraction``), so no float rounding at integer boundaries.
@@ -287,8 +287,8 @@ def band_mask(ranks: PatchRanks, band: tuple[float, float], mode: str = "remove"
 
     ``mode="remove"`` purifies (zeros) the band: the reading used by notebook 05, where (0, 5) with
     ``counts="floor"`` is exactly Wanda at 5% sparsity. ``mode="keep"`` keeps only the band and purifies every
-    other patch (the keep-only reading: the band is the domain's sub-network, the rest is filtered out; issue 22
-    item 3 runs it as an ablation).
+    other patch (the keep-only reading: the band is the domain's sub-network, the rest is filtered out; notebook 05
+    runs it as an ablation).
     """
     lo, hi = check_band(band)
     if mode not in MODES:
@@ -311,7 +311,7 @@ def band_mask(ranks: PatchRanks, band: tuple[float, float], mode: str = "remove"
 
 def purified_share(mask: PurificationMask) -> pd.DataFrame:
     """Realised share of weights a DSS-Expert purifies, per matrix: columns matrix, weights, purified, share
-    (purified / weights), row_share_min / row_share_max (over output rows of weights). Issue 22 item 3: with
+    (purified / weights), row_share_min / row_share_max (over output rows of weights). With
     ``counts="exact"`` the share equals the band's width within one patch at every patch size."""
     rows = []
     for name, g in mask.grid.items():
@@ -472,7 +472,7 @@ class MultiLevelRouter:
     def predict(self, features: np.ndarray, allowed: Sequence | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Main domain, then subdomain (Eq. 7). ``allowed`` (optional, one collection of main labels per item): the
         main level picks the most probable allowed label (the request's task type decides which main labels hold
-        an expert of that type; issue 35)."""
+        an expert of that type)."""
         if self.main is None:
             raise ValueError("router.predict before fit")
         if allowed is None:

@@ -1,6 +1,6 @@
 """Free-MoE's tables and summaries (paper 004, Table 1, Tables 2-10, Fig. 5; notebook ``notebooks/05_free_moe.py``),
 computed from the per-item tables the experiment saves: the appendix sweep layout, Table 1's improvement layout,
-reference vs test gains, the 4-bit grid diagnostics, and issue 22's honesty tables: realised purification share per
+reference vs test gains, the 4-bit grid diagnostics, and the tables that keep the comparison honest: realised purification share per
 configuration (:func:`share_table`), the paper's test-selected DOWP row beside the held-out protocol
 (:func:`count_weighted_max`, :func:`table1_selection`), which items flip (:func:`flip_table`, :func:`flip_summary`),
 and accuracy beside likelihood with paired intervals and MDEs (:func:`domain_summary`, :func:`side_by_side`)."""
@@ -108,14 +108,14 @@ def pd_frame(**cols):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# issue 22 item 3: realised purification share per configuration
+# realised purification share per configuration
 # ----------------------------------------------------------------------------------------------------------------
 def share_table(masks: dict) -> pd.DataFrame:
     """Realised share of weights purified per configuration (``masks[label] = PurificationMask``): nominal share
     (the band's width for ``mode="remove"``, 100 minus it for ``"keep"``), realised share over all matrices, the
     smallest and largest per-matrix share, and the largest per-matrix deviation from nominal in patches. Under
     ``counts="exact"`` that deviation stays below one patch at every patch size, so 16x16 and 1x1 purify the same
-    share (issue 22 item 3); under ``counts="floor"`` (Wanda's rule) it does not."""
+    share; under ``counts="floor"`` (Wanda's rule) it does not."""
     rows = []
     for label, mask in masks.items():
         per = purified_share(mask)
@@ -131,7 +131,7 @@ def share_table(masks: dict) -> pd.DataFrame:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# issue 22 item 5: the paper's Table 1 DOWP row (test-selected) beside the held-out protocol
+# the paper's Table 1 DOWP row (test-selected) beside the held-out protocol
 # ----------------------------------------------------------------------------------------------------------------
 def count_weighted_max(table: pd.DataFrame, band_cols: Sequence[str] | None = None,
                        samples: str = "samples") -> float:
@@ -155,7 +155,7 @@ def table1_selection(test_sweep: pd.DataFrame, selected: dict, scale: float = 10
     - ``reference-selected, test-reported`` (ours): each cluster's θ* was chosen on reference items (``selected``:
       cluster -> band tuple or label); the score is the mean over all test items of the score under their cluster's
       θ* (= Σ_c n_c · s_c,θ* / Σ_c n_c);
-    - ``test-selected (optimistic)`` (the paper's, issue 22): each cluster's band is the one with the best mean score
+    - ``test-selected (optimistic)`` (the paper's): each cluster's band is the one with the best mean score
       on these same test items (ties -> the band listed first), then count-weighted: :func:`count_weighted_max` of
       :func:`sweep_table`. Selection on the reported items, so biased upwards.
 
@@ -196,7 +196,7 @@ def table1_selection(test_sweep: pd.DataFrame, selected: dict, scale: float = 10
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# issue 22 item 4: which accuracy items flip between BASELINE and DOWP, and what their options look like
+# which accuracy items flip between BASELINE and DOWP, and what their options look like
 # ----------------------------------------------------------------------------------------------------------------
 FLIPS = ("up", "down", "both right", "both wrong")
 
@@ -267,7 +267,7 @@ def flip_summary(flips: pd.DataFrame, by: Sequence[str] = ("task", "gold_pos", "
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# issue 22 item 1: accuracy and answer likelihood side by side, per task and per domain, with paired intervals and MDEs
+# accuracy and answer likelihood side by side, per task and per domain, with paired intervals and MDEs
 # ----------------------------------------------------------------------------------------------------------------
 METRIC_SCALE = {"acc": 100.0, "acc_norm": 100.0, "p_gold": 100.0, "p_gold_norm": 100.0, "pass@1": 100.0,
                 "pass@10": 100.0, "loglik": 1.0}
@@ -315,7 +315,7 @@ def domain_summary(scores: pd.DataFrame, a: str = "DOWP", b: str = "BASELINE", d
                    metric_of: Callable[[str], str] = metric_of_task, scale: dict | None = None,
                    target: dict | None = None, level: float = 0.95) -> pd.DataFrame:
     """Method ``a`` vs ``b`` on the same test items, per task and per domain, one metric at a time (accuracy,
-    pass@k and answer log-likelihood are never pooled; issue 22 item 1). ``scores``: per-item table with columns
+    pass@k and answer log-likelihood are never pooled). ``scores``: per-item table with columns
     method, task, id, score, and ``domain`` (or ``domain_of``: dict or callable task -> domain); a ``metric`` column
     (a long table: a multiple-choice item has an ``acc`` and a ``loglik`` row) replaces ``metric_of``. Items are paired
     by (task, id); items not scored by both methods are dropped. Per row: n, both means and the difference
@@ -372,7 +372,7 @@ def side_by_side(summary: pd.DataFrame, level: str = "domain") -> pd.DataFrame:
 
 def cross_domain_summary(scores: pd.DataFrame, a: str = "purified", b: str = "BASELINE",
                          level: float = 0.95) -> pd.DataFrame:
-    """What one domain's DSS-Experts do to the other domains (issue 22 item 1, "purification keeps general ability"):
+    """What one domain's DSS-Experts do to the other domains ("purification keeps general ability"):
     ``scores`` holds per-item scores with columns mask_domain (whose masks were applied), domain (the item's),
     task, id, metric, method (``a`` = purified, ``b`` = dense) and score. Per mask domain: :func:`domain_summary`
     rows (per task and per item domain, ``target`` = the item domain is the mask's own), plus one ``off-domain``
@@ -411,7 +411,7 @@ def _mc_views(items: Sequence[dict]) -> list[dict]:
 
 def baseline_table(items: Sequence[dict], method_acc: dict, compare: str = "DOWP", n_folds: int = N_FOLDS,
                    level: float = 0.95) -> pd.DataFrame:
-    """Issue 22 item 4: the position and question-blind baselines beside the models on every accuracy task.
+    """The position and question-blind baselines beside the models on every accuracy task.
     ``items``: multiple-choice test items (``dict(id, task, choices, label | gold)``); ``method_acc[method]``: the
     per-item 0/1 accuracy of each method on the same items, in order. Per task, one row per scorer: each method
     (kind ``model``), ``chance`` (1/#options), the best fixed position (kind ``position``, chosen on these items:
@@ -450,7 +450,7 @@ def baseline_table(items: Sequence[dict], method_acc: dict, compare: str = "DOWP
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# issue 35: ablations at their purified share, selection gains, and the notebook's figures and sentences
+# ablations at their purified share, selection gains, and the notebook's figures and sentences
 # ----------------------------------------------------------------------------------------------------------------
 ABLATION_CAPTION = ("per option and metric: mean, share of all target weights purified, difference to the dense model "
                     "with 95% interval, above base, best, best above base")
@@ -461,7 +461,7 @@ def ablation_summary(items: pd.DataFrame, base: str = "base", level: float = 0.9
     purified_pct): n, mean (x METRIC_SCALE), mean purified share of all target weights, the paired difference to
     ``base`` (the dense model) with its t-interval (bounded metrics with the claims engine's pseudo-pairs) and
     ``above_base`` (interval above 0). ``best`` marks each metric's highest-mean option, and ``best_above_base``
-    says whether that winner beats the dense model (issue 35 item 3: "best" needs the winner above base)."""
+    says whether that winner beats the dense model ("best" needs the winner above base)."""
     rows = []
     for met, g in items.groupby("metric", sort=False):
         w = g.assign(id=g.id.astype(str)).pivot_table(index=["task", "id"], columns="method", values="score").dropna()
@@ -601,7 +601,7 @@ def plot_reference_vs_test(honesty: pd.DataFrame):
 
 def plot_ablation(summary: pd.DataFrame, title: str = ""):
     """An ablation: each option's difference to the dense model with its interval, the purified share on the x
-    labels (issue 35 item 3: options compared at their purified share, against base)."""
+    labels (options compared at their purified share, against base)."""
     mets = list(dict.fromkeys(summary.metric))
     fig, axes = plt.subplots(1, len(mets), figsize=(3.6 * len(mets), 3.0), squeeze=False)
     for ax, met in zip(axes[0], mets):

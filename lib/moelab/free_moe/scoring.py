@@ -1,11 +1,11 @@
 """Scoring for Free-MoE's sweeps and tests (paper 004, Eq. 6's acc(·) and §4.1's metrics; notebook
 ``notebooks/05_free_moe.py``): thin wrappers that tokenise items and call ``moelab.suite.scorer``, the project's
-one log-likelihood scorer (issue 17); greedy/sampled HumanEval completions run in ``moelab.suite.sandbox``.
+one log-likelihood scorer; greedy/sampled HumanEval completions run in ``moelab.suite.sandbox``.
 
 Per-item scores: multiple-choice accuracy (0/1, lm-eval's ``acc``), mean log-likelihood per token of a reference
 answer (where the data has no accuracy), HumanEval pass@k (the unbiased estimator of Chen et al. 2021, not the
 paper's Eq. 11). :func:`item_metrics` gives accuracy and answer likelihood of the same items from one scorer call
-with, for multiple choice, the choice-normalised probability of the gold option beside 0/1 accuracy (issue 35)."""
+with, for multiple choice, the choice-normalised probability of the gold option beside 0/1 accuracy."""
 from __future__ import annotations
 
 from typing import Callable, Sequence
@@ -40,7 +40,7 @@ def _continuation_request(tok, context: str, continuation: str, max_length: int)
 def continuation_logprobs(model: nn.Module, tok, contexts: Sequence[str], continuations: Sequence[str],
                           batch_size: int = 16, max_length: int = 512) -> tuple[np.ndarray, np.ndarray]:
     """Σ log p(continuation tokens | context) per pair and the continuation's token count (lm-eval's loglikelihood
-    request), scored by ``moelab.suite.scorer`` (issue 17: one scorer for every evaluation; batched by length,
+    request), scored by ``moelab.suite.scorer`` (one scorer for every evaluation; batched by length,
     continuation-only logits, shared contexts run once)."""
     if len(contexts) != len(continuations):
         raise ValueError(f"{len(contexts)} contexts vs {len(continuations)} continuations")
@@ -128,7 +128,7 @@ def item_metrics(model: nn.Module, tok, items: Sequence[dict], batch_size: int =
     - ``acc`` / ``acc_norm``: 0/1, lm-eval's ``acc`` (highest summed log-likelihood) and ``acc_norm`` (highest
       log-likelihood per character of the option); NaN without ``choices``;
     - ``p_gold`` / ``p_gold_norm``: p(gold) / Σ p(options), plain and length-normalised
-      (``moelab.suite.scorer.choice_scores``; issue 35 item 1); NaN without ``choices``;
+      (``moelab.suite.scorer.choice_scores``); NaN without ``choices``;
     - ``loglik``: mean log-likelihood per token (nats) of the reference ``answer``; NaN for multiple choice (the raw
       gold-option likelihood is not accuracy and is reported nowhere);
     - ``pick``: the option chosen (index; NaN without ``choices``), for the flip analysis.

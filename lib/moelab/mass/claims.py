@@ -1,4 +1,4 @@
-"""Claim definitions of notebook 04 (MASS, paper 003: "How Many Experts Are Enough?"), issue 14 / issue 18.
+"""Claim definitions of notebook 04 (MASS, paper 003: "How Many Experts Are Enough?").
 
 Every verdict is computed from the tables the notebook saved (docs/CLAIMS.md). The paper's numbers are written beside
 each claim with where they are in the paper (paper 003 in docs/papers.md; the text extraction lost the figures, so the
@@ -21,8 +21,8 @@ from moelab.mass import regime as mass_regime
 # frontier move by 1-3 experts between seeds: +-2 experts is the smallest band that a seed change of the frontier
 # does not already leave.
 ELBOW_TOL = 2.0
-# An elbow is only read from a frontier whose range over E is several times its seed noise (issue 18 item 2: "a
-# spread several times the seed s.d."); below this ratio the number of experts barely matters and no elbow exists.
+# An elbow is only read from a frontier whose range over E is several times its seed noise (a spread several
+# times the seed s.d.); below this ratio the number of experts barely matters and no elbow exists.
 MIN_SPREAD_RATIO = 3.0
 # MASS Sec. 3 (top-p gate): a token keeps the smallest set of experts whose routing mass reaches p. With a pool of 2
 # experts and p = 0.5 the larger probability is always >= 0.5, so exactly one expert is active: arithmetic.
@@ -40,8 +40,8 @@ def regime(T) -> dict:
 
 
 def synthetic_regime(T) -> Regime:
-    """The regime check of every claim computed on the synthetic (GINC) stand-in (issue 32: the gate does not look at
-    the answer, and holds all five claims on that stand-in): the best naive model clearly beats the best n-gram
+    """The regime check of every claim computed on the synthetic (GINC) stand-in (the gate does not look at the
+    answer, and holds all five claims on that stand-in): the best naive model clearly beats the best n-gram
     baseline (:func:`regime`). A comparison of models that learn no more than local statistics is not evidence about
     MASS. Without the reference levels the check cannot be made (the claims stay undecided and say so)."""
     r = regime(T)
@@ -83,8 +83,8 @@ def _per_seed_elbows(grid: pd.DataFrame) -> list[float]:
 def elbow_evidence(T):
     """Final pool of each MASS run minus the elbow of the seed-mean naive frontier (experts). The elbow counts as
     found only when the frontier's range is at least MIN_SPREAD_RATIO seed s.d. and each naive seed's own frontier
-    puts it within +-ELBOW_TOL of their median (issue 18: 'if the frontier shows no elbow, the elbow claims are not
-    testable')."""
+    puts it within +-ELBOW_TOL of their median (if the frontier shows no elbow, the elbow claims are not
+    testable)."""
     grid, runs = T.csv("fig2_naive_grid"), T.csv("fig2_mass_runs")
     if grid.seed.nunique() < 3:
         return Insufficient(f"{grid.seed.nunique()} naive seed(s): the elbow's stability over seeds cannot be checked")

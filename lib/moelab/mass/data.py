@@ -297,8 +297,8 @@ def top_switch_share(g: GINC, states: np.ndarray | None = None) -> float:
 
 
 def switch_readings(seed: int = 0, n_docs: int = 256, length: int = 64, sample_seed: int = 7) -> pd.DataFrame:
-    """Top-switch share of the three readings of entity switching (:data:`ENTITY_SWITCH`; MASS Sec. 4.1, notebook 04,
-    issue 18 item 1): per reading the expected share (:func:`top_switch_share` of the transition matrix), the share
+    """Top-switch share of the three readings of entity switching (:data:`ENTITY_SWITCH`; MASS Sec. 4.1, notebook 04):
+    per reading the expected share (:func:`top_switch_share` of the transition matrix), the share
     measured on ``n_docs`` sampled documents of ``length`` tokens, and the number of switches it counts.  All three
     families share every other random draw (``seed``), so only M differs."""
     rows = []

@@ -229,7 +229,7 @@ def train_stacked(model: StackedMoETransformer, docs: np.ndarray, *, steps: int,
     ``after_step(step, model)``.  Returns history (step, model, loss, router_grad_norm, router_frozen) at the logged
     steps (0-based ``step % log_every == 0`` and the last).
 
-    ``router_grad_norm`` (issue 15, item 1): ||d CE_m / d W_g[m]|| of each model's gate from its task loss alone
+    ``router_grad_norm``: ||d CE_m / d W_g[m]|| of each model's gate from its task loss alone
     (``aux_loss`` excluded), via ``moelab.core.diagnostics``; a model whose gate gets no task gradient at any logged
     step where it has more than one active expert raises RuntimeError (run named ``desc``, model index) unless
     ``router_frozen`` (a single active expert has probability 1 under any rule: nothing to route, nothing to learn;
@@ -544,8 +544,8 @@ def run_naive(setup: SynthSetup, configs: list[tuple[int, int, int]], keep_routi
 def run_naive_groups(setup: SynthSetup, configs: list[tuple[int, int, int]], keep_routing: bool = False,
                      cache=None) -> dict:
     """:func:`run_naive` one expert count at a time, each group through ``cache(kind, key, compute)`` (e.g.
-    :func:`moelab.cache.memo`; None: no cache), so a stopped long profile resumes group by group (issue 18: "full ...
-    resumable run by run").  Same return value as :func:`run_naive` on all ``configs``, in their order; each group's
+    :func:`moelab.cache.memo`; None: no cache), so a stopped long profile resumes group by group (a long
+    profile is resumable run by run).  Same return value as :func:`run_naive` on all ``configs``, in their order; each group's
     models get the seeds :func:`run_naive` gives them, so the numbers do not depend on the grouping except through
     stacking (models are independent)."""
     groups: dict[int, list[int]] = {}
@@ -758,7 +758,7 @@ def glue_standin(task: dict, method: str, seed: int, cfg: GlueStandinConfig, nam
         if mass_ex is not None:
             loss = loss + mass_ex.redundancy_loss(state.get("step", 0))  # + L_red while expanding
         state["step"] = state.get("step", 0) + 1
-        # task_loss: CE alone, whose router gradient the trainer logs (issue 15, item 1)
+        # task_loss: CE alone, whose router gradient the trainer logs
         return loss, dict(ce=ce.detach(), pool=float(layer.active_mask.sum()), task_loss=ce)
 
     @torch.no_grad()

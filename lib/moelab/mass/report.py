@@ -100,7 +100,7 @@ def frontier_bands(df: pd.DataFrame, x: str = "num_experts", y: str = "test_loss
 
 
 def frontier_spread(df: pd.DataFrame, x: str = "num_experts", y: str = "test_loss") -> dict:
-    """How much the number of experts matters against seed noise (issue 18 item 2; notebook 04): ``spread`` = max -
+    """How much the number of experts matters against seed noise (notebook 04): ``spread`` = max -
     min of the seed-mean frontier (:func:`frontier_bands`), ``seed_sd`` = pooled seed s.d. of the frontier's
     configurations sqrt(mean_E sd_E^2), ``ratio`` = spread / seed_sd (inf when seed_sd is 0)."""
     fb = frontier_bands(df, x, y)
@@ -121,7 +121,7 @@ def routing_jsd(weights: np.ndarray, groups: np.ndarray, n_groups: int) -> np.nd
     out = []
     for i in range(len(P)):
         for j in range(i + 1, len(P)):
-            out.append(jensen_shannon(np.stack([P[i], P[j]])))          # moelab.stats (issue 18, item 7)
+            out.append(jensen_shannon(np.stack([P[i], P[j]])))          # moelab.stats
     return np.asarray(out)
 
 

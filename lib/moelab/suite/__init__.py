@@ -1,4 +1,4 @@
-"""Data and evaluation suite shared by the five notebooks (issue 4).
+"""Data and evaluation suite shared by the five notebooks.
 
 Submodules (imported lazily so ``import moelab.suite`` stays cheap):
 

@@ -1,4 +1,4 @@
-"""Baselines that a multiple-choice score must beat before it counts (issue 15, item 3).
+"""Baselines that a multiple-choice score must beat before it counts.
 
 A model that "beats chance" on a multiple-choice task may only be exploiting how the items are written. Three
 kinds of baseline, each returning **per-item correctness** (a float in [0, 1] per item, so a claim can pair it
@@ -275,7 +275,7 @@ def bigbench_like_distribution(items) -> np.ndarray:
 
 
 def shortcut_table() -> pd.DataFrame:
-    """The suite-wide shortcut table (issue 15, item 3): every multiple-choice lm task, every text classification
+    """The suite-wide shortcut table: every multiple-choice lm task, every text classification
     candidate, the embedding pair sets."""
     return pd.DataFrame(mc_task_rows() + textcls_rows() + embed_pair_rows())
 

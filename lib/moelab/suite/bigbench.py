@@ -1,10 +1,10 @@
-"""BIG-bench task JSONs as normalised multiple-choice items, with fixed seeded evaluation pools (issue 4).
+"""BIG-bench task JSONs as normalised multiple-choice items, with fixed seeded evaluation pools.
 
 Each item: ``dict(id, task, input, prompt, choices, gold, source_gold, option_seed, option_order)`` where
 ``prompt`` is the text the model sees (task prefix, the example, the options, then ``"Answer:"``) and
 ``choices[gold]`` is the correct option (the highest ``target_scores`` entry).
 
-Option order (issue 15, item 3): BIG-bench lists the gold option first in most items of some tasks (98% of
+Option order: BIG-bench lists the gold option first in most items of some tasks (98% of
 date_understanding, 100% of temporal_sequences), and the prompt lists the options, so a model that favours
 the first option looks "above chance". Each item's options are therefore shuffled with its own fixed seed
 (``option_seed(task, item_id)``: a sha256 of task name and item id, so the same on every run and machine):
@@ -75,7 +75,7 @@ def short_name(task: str) -> str:
 
 
 def option_seed(task: str, item_id: str) -> int:
-    """The fixed seed of one item's option order (issue 15, item 3): the first 8 bytes of
+    """The fixed seed of one item's option order: the first 8 bytes of
     ``sha256(OPTION_SHUFFLE_VERSION | task | item_id)`` as an unsigned integer (stable across runs, machines and
     Python versions, unlike ``hash()``)."""
     if not task or not item_id:
@@ -95,7 +95,7 @@ def option_order(task: str, item_id: str, n_options: int) -> list[int]:
 def items_from_task(task: str, d: dict, shuffle: bool = True) -> Items:
     """Normalise the examples of a parsed task dict (see module docstring).
 
-    ``shuffle=True`` (the default, issue 15 item 3) lists each item's options in its seeded order
+    ``shuffle=True`` (the default) lists each item's options in its seeded order
     (``option_order``); ``shuffle=False`` keeps BIG-bench's order (``option_order`` is then the identity), for
     measuring the source's gold-position distribution only.
     """
@@ -144,8 +144,8 @@ def load_items(task: str, shuffle: bool = True) -> Items:
 
 
 def gold_position_distribution(task: str, items: list | None = None) -> pd.DataFrame:
-    """Gold-option position counts of a task before (BIG-bench order) and after the seeded shuffle (issue 15,
-    item 3). ``items``: shuffled items of ``task`` (default: all of them, ``load_items(task)``).
+    """Gold-option position counts of a task before (BIG-bench order) and after the seeded shuffle.
+    ``items``: shuffled items of ``task`` (default: all of them, ``load_items(task)``).
 
     Returns one row per position: ``task, position, n_before, frac_before, n_after, frac_after, n_items``
     (positions beyond an item's option count simply do not occur in it).

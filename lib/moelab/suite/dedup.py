@@ -1,4 +1,4 @@
-"""Exact and near-duplicate filtering of training text against evaluation items (issue 4, item 1).
+"""Exact and near-duplicate filtering of training text against evaluation items.
 
 Two tests, both against every evaluation item:
 

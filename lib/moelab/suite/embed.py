@@ -1,4 +1,4 @@
-"""Embedding training pairs and MTEB-style benchmarks from offline sources (issue 4, item 5; SBA notebook 02).
+"""Embedding training pairs and MTEB-style benchmarks from offline sources (SBA notebook 02).
 
 MTEB's data (STS-B, StackExchange clustering, SprintDuplicateQuestions, ...) cannot be had offline, so the suite
 builds the same *kinds* of benchmark, scored with MTEB's metric definitions, from WordNet 3.0, the Python

@@ -1,4 +1,4 @@
-"""One tokenisation of a (context, answer) pair, shared by training and scoring (issue 20, item 6).
+"""One tokenisation of a (context, answer) pair, shared by training and scoring.
 
 Training on answer tokens (``moelab.moce.tokenize_example``, notebook 01) and scoring reference answers
 (``moelab.suite.lmeval.domain_nll``) must feed the model the same tokens, special tokens included: a model trained

@@ -1,4 +1,4 @@
-"""Image sets for the MASS notebook 04 (PACS stand-in) and the cluster-upcycling notebook 03 (issue 4, item 7).
+"""Image sets for the MASS notebook 04 (PACS stand-in) and the cluster-upcycling notebook 03.
 
 - Fashion-MNIST (Debian ``dataset-fashion-mnist``, MIT; via ``moelab.assets.fashion_mnist``): 60k train / 10k test
   28x28 grey images, 10 classes. Profiles take fixed seeded, class-stratified subsets.

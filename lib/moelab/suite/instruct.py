@@ -1,4 +1,4 @@
-"""The maths / code / reasoning instruction mix (issue 4, item 1; MoCE notebook 01, Free-MoE notebook 05).
+"""The maths / code / reasoning instruction mix (MoCE notebook 01, Free-MoE notebook 05).
 
 ``build(profile) -> {"train": [...], "validation": [...], "test": [...]}``, each record
 ``dict(id, instruction, answer, domain, source, task)``:
@@ -17,7 +17,7 @@ Every training and validation record is checked against every evaluation item (a
 Deterministic (seed 0) and cached with ``moelab.cache.memo``.
 
 ``build(profile)`` keeps every source's pool (maths and reasoning pools are 4-15x the code pool; notebook 05 reads its
-code records). ``build_balanced(profile)`` (issue 20, item 1; notebook 01) draws the *same number* of training and
+code records). ``build_balanced(profile)`` (notebook 01) draws the *same number* of training and
 validation records from each domain (:data:`BALANCED`), spread evenly over each domain's sources (maths: BIG-bench MC
 and GSM-style; reasoning: one share per BIG-bench task), so no domain is starved; ``domain_counts`` tabulates a mix.
 """
@@ -184,7 +184,7 @@ def build_stats(profile: str) -> dict:
     return out["_stats"]
 
 
-# ------------------------------------------------------------------ the balanced mix (issue 20, item 1; notebook 01)
+# ------------------------------------------------------------------ the balanced mix (notebook 01)
 DOMAINS = ("maths", "code", "reasoning")
 # records per domain drawn by build_balanced (the code pool, 60 in smoke and 754 in default/full after dedup, bounds
 # them): smoke 40 / 5, default 250 / 40, full and paper 750 / 90 (train / validation)

