@@ -36,8 +36,9 @@ OLD_PUBLIC = ["spherical_kmeans", "KMeansResult", "whitening_factor", "effective
               "plot_vision"]
 
 
-def test_old_public_names_still_import():
-    assert [n for n in OLD_PUBLIC if not hasattr(cu, n)] == []
+def test_old_public_names_import_from_their_module():
+    mods = [cu.method, cu.data, cu.analysis, cu.experiment, cu.report]
+    assert [n for n in OLD_PUBLIC if not any(hasattr(m, n) for m in mods)] == []
 
 
 def test_package_shape_and_no_function_local_imports():
@@ -71,7 +72,7 @@ def test_expert_output_similarity_matches_loop():
         pairs = [float(ys[i] @ ys[j] / (ys[i].norm() * ys[j].norm())) for i in range(E) for j in range(i + 1, E)]
         ref += sum(pairs) / len(pairs)
     assert expert_output_similarity(layer, x) == pytest.approx(ref / len(x), rel=1e-6)  # float32 experts
-    assert cu.expert_output_similarity is expert_output_similarity
+    assert cu.analysis.expert_output_similarity is expert_output_similarity
     assert expert_output_similarity(_moe(init="sparse"), x) == pytest.approx(1.0, abs=1e-12)  # copies
     with pytest.raises(ValueError, match=r"\[T, d\]"):
         expert_output_similarity(layer, torch.randn(0, 16))
@@ -83,9 +84,9 @@ def test_router_agreement_matches_loop_and_checks_shapes():
     a, b = rng.integers(0, 8, 50), rng.integers(0, 8, 50)
     b[:20] = a[:20]
     ref = sum(int(x == y) for x, y in zip(a, b)) / len(a)
-    assert cu.router_agreement(a, b) == pytest.approx(ref) and cu.router_agreement(a, a) == 1.0
+    assert cu.analysis.router_agreement(a, b) == pytest.approx(ref) and cu.analysis.router_agreement(a, a) == 1.0
     with pytest.raises(ValueError, match="same held-out tokens"):
-        cu.router_agreement(a, b[:10])
+        cu.analysis.router_agreement(a, b[:10])
 
 
 # ---------------------------------------------------------------- entropy trajectory on a fixed held-out batch
@@ -122,7 +123,7 @@ def test_heldout_entropy_trajectory_matches_loop_at_fixed_steps():
     mask[1, 3:] = 0  # padding: excluded from the held-out token set
     batches = [{"x": torch.randn(2, 5, 16, generator=g)},
                {"x": torch.randn(2, 5, 16, generator=g), "attention_mask": mask}]
-    traj = cu.HeldoutEntropy(batches, steps=[0, 3, 6])
+    traj = cu.analysis.HeldoutEntropy(batches, steps=[0, 3, 6])
     expected = {}
     traj(0, model)
     expected[0] = _loop_entropy(model.moe, batches)
@@ -140,14 +141,14 @@ def test_heldout_entropy_trajectory_matches_loop_at_fixed_steps():
         assert r["routing_entropy"] == pytest.approx(expected[r["step"]], rel=1e-5)
     assert len({round(r["routing_entropy"], 6) for r in traj.rows}) == 3  # it did move
     with pytest.raises(ValueError, match="held-out batches"):
-        cu.HeldoutEntropy([], steps=[0])
+        cu.analysis.HeldoutEntropy([], steps=[0])
 
 
 def test_trajectory_steps():
-    assert cu.trajectory_steps(24, 7) == [0, 4, 8, 12, 16, 20, 24]
-    assert cu.trajectory_steps(2, 7) == [0, 1, 2]
+    assert cu.experiment.trajectory_steps(24, 7) == [0, 4, 8, 12, 16, 20, 24]
+    assert cu.experiment.trajectory_steps(2, 7) == [0, 1, 2]
     with pytest.raises(ValueError, match="points >= 2"):
-        cu.trajectory_steps(10, 1)
+        cu.experiment.trajectory_steps(10, 1)
 
 
 # ---------------------------------------------------------------- special tokens in the calibration set (item 4)
@@ -167,7 +168,7 @@ def _sentences(n_sent=40, per=7, d=16, seed=0):
 
 
 def _init(mode, x, mask, E=4):
-    ci = cu.SpecialTokenClusterInit(mask, mode, energy=0.95, seed=0)
+    ci = cu.method.SpecialTokenClusterInit(mask, mode, energy=0.95, seed=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         layer = MoELayer.from_dense(_tiny_bert_ffn(), E, 2, init=ci, calib=x)
@@ -178,12 +179,12 @@ def test_special_tokens_one_per_sentence_cluster_and_ranks_table():
     x, mask = _sentences()
     n_sent, T = int(mask.sum()), len(x)
     logs, layers = {}, {}
-    for mode in cu.SPECIAL_TOKENS:
+    for mode in cu.method.SPECIAL_TOKENS:
         ci, layers[mode] = _init(mode, x, mask)
         logs[mode] = ci.log
-    tab = cu.special_token_ranks_table(logs)
+    tab = cu.report.special_token_ranks_table(logs)
     assert list(tab.columns[:4]) == ["special_tokens", "moe_layer", "expert", "cluster_size"]
-    by = {m: tab[tab["special_tokens"] == m].set_index("expert") for m in cu.SPECIAL_TOKENS}
+    by = {m: tab[tab["special_tokens"] == m].set_index("expert") for m in cu.method.SPECIAL_TOKENS}
     # include (the poster's literal reading): k-means puts the [CLS]-like tokens, one per sentence, in a cluster of
     # their own, and the whitened truncation keeps a single direction for that expert
     inc = by["include"]
@@ -192,7 +193,7 @@ def test_special_tokens_one_per_sentence_cluster_and_ranks_table():
     assert inc.loc[cls[0], "rank"] == 1 and inc.drop(cls[0])["rank"].min() > 1
     # exclude (default): no special token whitens any expert; all of them are still routed somewhere at init
     exc = by["exclude"]
-    assert cu.DEFAULT_SPECIAL_TOKENS == "exclude"
+    assert cu.method.DEFAULT_SPECIAL_TOKENS == "exclude"
     assert (exc["special_in_cluster"] == 0).all() and exc["cluster_size"].sum() == T - n_sent
     assert exc["special_routed"].sum() == n_sent and exc["rank"].min() > 1
     # own_expert: the last expert holds exactly the special tokens; its router row is their unit centroid
@@ -208,36 +209,36 @@ def test_special_tokens_one_per_sentence_cluster_and_ranks_table():
 
 def test_special_token_partition_matches_definition_and_errors():
     x, mask = _sentences(n_sent=12)
-    km = cu.special_token_partition(x, mask, 4, seed=0)
+    km = cu.method.special_token_partition(x, mask, 4, seed=0)
     assert torch.equal(km.labels[mask], torch.full((12,), 3)) and (km.labels[~mask] < 3).all()
     assert km.sizes.tolist() == torch.bincount(km.labels, minlength=4).tolist()
     xn = x / x.norm(dim=1, keepdim=True)
     assert km.objective == pytest.approx(sum(float(xn[j] @ km.centroids[km.labels[j]]) for j in range(len(x))),
                                          rel=1e-5)
     with pytest.raises(ValueError, match="holds no special token"):
-        cu.special_token_partition(x, torch.zeros(len(x), dtype=torch.bool), 4)
+        cu.method.special_token_partition(x, torch.zeros(len(x), dtype=torch.bool), 4)
     with pytest.raises(ValueError, match="one entry per row"):
-        cu.special_token_partition(x, mask[:-1], 4)
+        cu.method.special_token_partition(x, mask[:-1], 4)
     with pytest.raises(ValueError, match="needs special_mask"):
-        cu.SpecialTokenClusterInit(None, "exclude")
+        cu.method.SpecialTokenClusterInit(None, "exclude")
     with pytest.raises(ValueError, match="special_tokens must be one of"):
-        cu.SpecialTokenClusterInit(mask, "drop")
+        cu.method.SpecialTokenClusterInit(mask, "drop")
     with pytest.raises(ValueError, match="calibration tokens"):
         _init("exclude", x, mask[:-1])
 
 
 def test_calibration_special_mask_matches_tokenizer_loop(tiny_st):
     texts = ["the cat sat", "a dog ran far away", "rain", "sun and river and road"]
-    calib = cu.calibration_inputs(tiny_st, texts, max_tokens=1000, max_len=16, batch=3)
-    mask = cu.calibration_special_mask(tiny_st, texts, max_tokens=1000, max_len=16, batch=3)
+    calib = cu.data.calibration_inputs(tiny_st, texts, max_tokens=1000, max_len=16, batch=3)
+    mask = cu.data.calibration_special_mask(tiny_st, texts, max_tokens=1000, max_len=16, batch=3)
     tok = tiny_st.tokenizer
     ref = []  # naive: each sentence's own token ids, special = [CLS] / [SEP]
     for t in texts:
         ref += [i in (tok.cls_token_id, tok.sep_token_id) for i in tok(t, truncation=True, max_length=16)["input_ids"]]
     assert mask.tolist() == ref and len(mask) == len(calib[1])
     assert int(mask.sum()) == 2 * len(texts)
-    assert tok.unk_token_id not in cu.special_token_ids(tok)
-    short = cu.calibration_special_mask(tiny_st, texts, max_tokens=7, max_len=16, batch=3)
+    assert tok.unk_token_id not in cu.data.special_token_ids(tok)
+    short = cu.data.calibration_special_mask(tiny_st, texts, max_tokens=7, max_len=16, batch=3)
     assert short.tolist() == ref[:7]
 
 
@@ -309,12 +310,12 @@ def test_cuda_heldout_analyses_equal_cpu():
     def fwd(m, b):
         return m({"x": b["x"].to(next(m.parameters()).device)})
 
-    cpu = cu.moe_analyses(model, batches, forward=fwd)
-    traj_cpu = cu.HeldoutEntropy(batches, [0], forward=fwd)
+    cpu = cu.analysis.moe_analyses(model, batches, forward=fwd)
+    traj_cpu = cu.analysis.HeldoutEntropy(batches, [0], forward=fwd)
     traj_cpu(0, model)
     model.cuda()
-    gpu = cu.moe_analyses(model, batches, forward=fwd)
-    traj_gpu = cu.HeldoutEntropy(batches, [0], forward=fwd)
+    gpu = cu.analysis.moe_analyses(model, batches, forward=fwd)
+    traj_gpu = cu.analysis.HeldoutEntropy(batches, [0], forward=fwd)
     traj_gpu(0, model)
     for k in ("relative_compactness", "expert_similarity", "expert_output_similarity", "routing_entropy"):
         assert gpu[k] == pytest.approx(cpu[k], rel=1e-4, abs=1e-6), k
@@ -331,7 +332,7 @@ def test_run_from_config_resolves_and_runs_tiny(tmp_path, monkeypatch):
     from moelab.launch import resolve
 
     fn = resolve("moelab.cluster_upcycling:run_from_config")
-    assert fn is cu.run_from_config
+    assert fn is cu.experiment.run_from_config
     with pytest.raises(ValueError, match="methods"):
         fn({"seeds": [0]})
     try:
@@ -356,10 +357,10 @@ def test_run_from_config_resolves_and_runs_tiny(tmp_path, monkeypatch):
 
 
 def test_moe_analyses_takes_sentences_or_fixed_batches(tiny_st):
-    model, _ = cu.build_model(tiny_st, "sparse", None, 0, num_experts=4)
+    model, _ = cu.experiment.build_model(tiny_st, "sparse", None, 0, num_experts=4)
     texts = ["the cat sat on the mat", "rain", "a dog ran far away from the river", "sun"]
-    a = cu.moe_analyses(model, texts, 16)  # the old call: sentences and max_len
-    b = cu.moe_analyses(model, cu.heldout_batches(model, texts, 16, batch_size=3))
+    a = cu.analysis.moe_analyses(model, texts, 16)  # the old call: sentences and max_len
+    b = cu.analysis.moe_analyses(model, cu.data.heldout_batches(model, texts, 16, batch_size=3))
     assert a["routing_entropy"] == pytest.approx(b["routing_entropy"], rel=1e-5)
     assert np.array_equal(a["top1"][0], b["top1"][0])
     n_tokens = sum(len(tiny_st.tokenizer(t)["input_ids"]) for t in texts)  # padding excluded

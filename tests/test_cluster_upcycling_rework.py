@@ -65,21 +65,21 @@ def test_choice_margin_is_best_minus_runner_up():
 
 def test_tuned_settings_reads_the_choice_or_states_the_fallback(tmp_path):
     fb = dict(lr=1e-4, steps=6, batch_size=12)
-    got = cu.tuned_settings(tmp_path, fb)
+    got = cu.experiment.tuned_settings(tmp_path, fb)
     assert {k: got[k] for k in fb} == fb and got["candidate"] is None and "fallback" in got["source"]
     assert "tune_03.py" in got["source"]
     (tmp_path / "tuning_summary.json").write_text(json.dumps({"summary": []}))
-    assert "no choice" in cu.tuned_settings(tmp_path, fb)["source"]
+    assert "no choice" in cu.experiment.tuned_settings(tmp_path, fb)["source"]
     (tmp_path / "tuning_summary.json").write_text(json.dumps(
         {"choice": {"candidate": "lr1e-03_T120_b16", "settings": dict(lr=1e-3, steps=120, batch_size=16)}}))
-    got = cu.tuned_settings(tmp_path, fb)
+    got = cu.experiment.tuned_settings(tmp_path, fb)
     assert (got["lr"], got["steps"], got["batch_size"], got["candidate"]) == (1e-3, 120, 16, "lr1e-03_T120_b16")
     assert "validation" in got["source"]
     with pytest.raises(ValueError, match="batch_size"):
-        cu.tuned_settings(tmp_path, dict(lr=1e-4, steps=6))
+        cu.experiment.tuned_settings(tmp_path, dict(lr=1e-4, steps=6))
     (tmp_path / "tuning_summary.json").write_text(json.dumps({"choice": {"candidate": "x", "settings": {"lr": 1}}}))
     with pytest.raises(ValueError, match="steps"):
-        cu.tuned_settings(tmp_path, fb)
+        cu.experiment.tuned_settings(tmp_path, fb)
 
 
 def test_eesd_decay_horizon_is_a_tenth_of_the_run():
@@ -107,7 +107,7 @@ def test_tune_script_choose_stage_round_trips_into_the_notebook_reader(tmp_path)
     with pytest.raises(ValueError, match="screen"):
         t3.main(["--stage", "choose", "--out", str(tmp_path / "empty")])
     t3.main(["--stage", "choose", "--out", str(tmp_path)])
-    got = cu.tuned_settings(tmp_path, dict(lr=1e-4, steps=6, batch_size=12))
+    got = cu.experiment.tuned_settings(tmp_path, dict(lr=1e-4, steps=6, batch_size=12))
     assert (got["lr"], got["steps"], got["batch_size"]) == (1e-3, 60, 16)
     prov = json.loads((tmp_path / "tuning_summary.json").read_text())["choice"]["provenance"]
     assert prov["command"].startswith("python scripts/tune_03.py --stage choose")
@@ -116,7 +116,7 @@ def test_tune_script_choose_stage_round_trips_into_the_notebook_reader(tmp_path)
     assert all(c["batch_size"] == 16 for c in grid["candidates"].values())
     settings = t3.data_settings(grid)
     assert settings["eval_split"] == "validation"
-    text_kw = set(cu.run_text_condition.__code__.co_varnames) | {"calib_texts", "calib_tokens", "n_test", "n_probe",
+    text_kw = set(cu.experiment.run_text_condition.__code__.co_varnames) | {"calib_texts", "calib_tokens", "n_test", "n_probe",
                                                                "eval_split", "benchmarks"}
     assert set(settings) <= text_kw
     with pytest.raises(ValueError, match="unknown candidate"):
@@ -180,12 +180,12 @@ def test_sparse_upcycling_starts_at_the_dense_r1_and_drop_below_it(tiny_st):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for m in ("dense", "sparse", "drop"):
-            out[m] = cu.run_text_condition(tiny_st, m, 0, pairs[:24], pairs[24:], [a for a, _ in pairs[24:30]], None,
+            out[m] = cu.experiment.run_text_condition(tiny_st, m, 0, pairs[:24], pairs[24:], [a for a, _ in pairs[24:30]], None,
                                            steps=1, batch_size=8, max_len=16, num_experts=4, entropy_points=2)
     for k in ("a2p", "p2a"):
         assert np.array_equal(out["sparse"]["r1_init"][k], out["dense"]["r1"][k])
     assert out["dense"]["r1_init"] is out["dense"]["r1"] and out["sparse"]["wall_s"] > 0
-    no_init = cu.run_text_condition(tiny_st, "sparse", 0, pairs[:24], pairs[24:], [a for a, _ in pairs[24:30]], None,
+    no_init = cu.experiment.run_text_condition(tiny_st, "sparse", 0, pairs[:24], pairs[24:], [a for a, _ in pairs[24:30]], None,
                                     steps=1, batch_size=8, max_len=16, num_experts=4, entropy_points=2,
                                     r1_at_init=False)
     assert "r1_init" not in no_init
@@ -221,7 +221,7 @@ def _panels():
 
 def test_init_end_table_matches_a_loop_and_labels_what_the_init_fixes():
     ana = _panels()
-    ie = cu.init_end_table(ana).set_index(["method", "metric"])
+    ie = cu.report.init_end_table(ana).set_index(["method", "metric"])
     assert "expert_output_similarity" not in set(ie.index.get_level_values("metric"))  # a column the table lacks
     for (m, metric), row in ie.iterrows():
         per_seed = {}
@@ -238,8 +238,8 @@ def test_init_end_table_matches_a_loop_and_labels_what_the_init_fixes():
     assert "construction" in ie.loc[("sparse", "expert_similarity"), "at_init"]
     assert ie.loc[("drop", "expert_similarity"), "at_init"] == ""
     assert all("movement" in ie.loc[(m, "router_agreement"), "at_init"] for m in ("sparse", "drop", "cluster_eesd"))
-    assert cu.init_property("expert_output_similarity", "sparse_eesd") != ""
-    assert cu.init_property("no_such_metric", "sparse") == ""
+    assert cu.report.init_property("expert_output_similarity", "sparse_eesd") != ""
+    assert cu.report.init_property("no_such_metric", "sparse") == ""
 
 
 def test_special_token_summary_matches_a_loop():
@@ -248,7 +248,7 @@ def test_special_token_summary_matches_a_loop():
                           for mode in ("include", "exclude") for l in (0, 1)
                           for e, (size, sic, routed, rank) in enumerate(
                               [(100, 0, 3, 40), (30, 30 if mode == "include" else 0, 25, 1 + l), (70, 2, 2, 60)])])
-    sm = cu.special_token_summary(ranks).set_index(["special_tokens", "moe_layer"])
+    sm = cu.report.special_token_summary(ranks).set_index(["special_tokens", "moe_layer"])
     for (mode, l), g in ranks.groupby(["special_tokens", "moe_layer"]):
         shares = list(g["special_share"])
         top = shares.index(max(shares))  # first maximum, as idxmax
@@ -292,7 +292,7 @@ def test_vision_cells_fine_tune_the_dense_model_with_every_seed(monkeypatch):
                 "fmnist_test": np.ones(3), "cifar_ft": np.zeros(3)}
 
     monkeypatch.setattr(ex, "run_vision_condition", fake_condition)
-    cfg = dict(vit=cu.VIT_SMALL, data_profile="smoke", pretrain_steps=1, pretrain_batch=1, pretrain_lr=1e-3,
+    cfg = dict(vit=cu.config.VIT_SMALL, data_profile="smoke", pretrain_steps=1, pretrain_batch=1, pretrain_lr=1e-3,
                shots=(), ft_steps=2)
     out = cu.vision_experiment(["dense", "sparse"], [0, 1, 2], cfg, use_cache=False)
     assert seen == [("dense", 0), ("dense", 1), ("dense", 2), ("sparse", 0), ("sparse", 1), ("sparse", 2)]

@@ -23,7 +23,7 @@ def _images(n=24, seed=0):
 
 
 def test_ffn_sites_finds_vit_mlps():
-    vit = cu.make_vit(TINY_VIT, 0)
+    vit = cu.experiment.make_vit(TINY_VIT, 0)
     sites = ffn_sites(vit)
     assert len(sites) == 4 and all(s.kind == "mlp" for s in sites)
     assert sites[1].ffn is vit.vit.layers[1].mlp
@@ -31,56 +31,56 @@ def test_ffn_sites_finds_vit_mlps():
 
 def test_sparse_upcycled_vit_reproduces_dense_logits():
     x, _ = _images(8)
-    dense = cu.make_vit(TINY_VIT, 0)
+    dense = cu.experiment.make_vit(TINY_VIT, 0)
     with torch.no_grad():  # move the LayerNorms and biases off their trivial init so the check is not vacuous
         for p in dense.parameters():
             p.add_(0.05 * torch.randn_like(p))
     moe = moeify(copy.deepcopy(dense), "every_other", num_experts=8, top_k=2, init="sparse", renormalize=True)
     assert len(moe_layers(moe)) == 2
     with torch.no_grad():
-        a = dense(pixel_values=cu.to_pixels(x)).logits
-        b = moe(pixel_values=cu.to_pixels(x)).logits
+        a = dense(pixel_values=cu.data.to_pixels(x)).logits
+        b = moe(pixel_values=cu.data.to_pixels(x)).logits
     assert torch.allclose(a, b, atol=1e-5), float((a - b).abs().max())
 
 
 def test_cluster_aware_init_runs_on_vit_ffn_inputs():
     x, _ = _images(40)
-    dense = cu.make_vit(TINY_VIT, 0)
-    calib = collect_ffn_inputs(dense, [{"pixel_values": cu.to_pixels(x)}], layers="every_other")
+    dense = cu.experiment.make_vit(TINY_VIT, 0)
+    calib = collect_ffn_inputs(dense, [{"pixel_values": cu.data.to_pixels(x)}], layers="every_other")
     assert sorted(calib) == [1, 3] and calib[1].shape == (40 * 17, 32)  # 16 patches + CLS per image
     model = copy.deepcopy(dense)
-    special = cu.vit_special_mask(40 * 17, 17)  # the CLS token of each image, excluded from the clustering
+    special = cu.data.vit_special_mask(40 * 17, 17)  # the CLS token of each image, excluded from the clustering
     assert int(special.sum()) == 40 and bool(special[0]) and not bool(special[1])
-    ci = cu.upcycle(model, "cluster_eesd", calib, seed=0, num_experts=4, top_k=2, energy=0.95, special_mask=special)
+    ci = cu.experiment.upcycle(model, "cluster_eesd", calib, seed=0, num_experts=4, top_k=2, energy=0.95, special_mask=special)
     layers = moe_layers(model)
     assert len(ci.log) == 2 and all(sum(r["sizes"]) == 40 * 16 for r in ci.log)
     assert all(sum(r["special_routed"]) == 40 and r["special_tokens"] == "exclude" for r in ci.log)
     for layer, km in zip(layers, ci.kmeans):  # router rows are the unit centroids (Step 3)
         assert torch.allclose(layer._router_rows(), km.centroids, atol=1e-6)
     with torch.no_grad():
-        out = model(pixel_values=cu.to_pixels(x[:4])).logits
+        out = model(pixel_values=cu.data.to_pixels(x[:4])).logits
     assert torch.isfinite(out).all()
 
 
 def test_few_shot_indices_exact_k_deterministic_and_errors():
     y = np.repeat(np.arange(5), 12)
-    a = cu.few_shot_indices(y, 3, seed=7)
+    a = cu.experiment.few_shot_indices(y, 3, seed=7)
     assert np.array_equal(np.bincount(y[a], minlength=5), np.full(5, 3))
     assert len(set(a.tolist())) == 15  # without replacement
-    assert np.array_equal(a, cu.few_shot_indices(y, 3, seed=7))
-    assert not np.array_equal(a, cu.few_shot_indices(y, 3, seed=8))
+    assert np.array_equal(a, cu.experiment.few_shot_indices(y, 3, seed=7))
+    assert not np.array_equal(a, cu.experiment.few_shot_indices(y, 3, seed=8))
     y_short = np.concatenate([y, [9, 9]])
     with pytest.raises(ValueError, match="class 9 has 2 examples, fewer than k=3"):
-        cu.few_shot_indices(y_short, 3, seed=0)
+        cu.experiment.few_shot_indices(y_short, 3, seed=0)
     with pytest.raises(ValueError, match="k must be a positive int"):
-        cu.few_shot_indices(y, 0, seed=0)
+        cu.experiment.few_shot_indices(y, 0, seed=0)
 
 
 def test_few_shot_probe_separable_features():
     rng = np.random.default_rng(0)
     y = np.repeat(np.arange(3), 20)
     f = np.eye(3)[y] * 5 + 0.1 * rng.standard_normal((60, 3))
-    acc = cu.few_shot_probe(f, y, f, y, k=2, draws=3, seed=0)
+    acc = cu.experiment.few_shot_probe(f, y, f, y, k=2, draws=3, seed=0)
     assert acc.shape == (60,) and acc.mean() == 1.0
 
 
@@ -88,11 +88,11 @@ def test_cifar_to_grey28_matches_pillow_and_checks_input():
     from PIL import Image
 
     rgb = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)
-    g = cu.cifar_to_grey28(rgb)
+    g = cu.data.cifar_to_grey28(rgb)
     ref = np.asarray(Image.fromarray(rgb[1]).convert("L").resize((28, 28), Image.BILINEAR))
     assert g.shape == (2, 28, 28) and g.dtype == np.uint8 and np.array_equal(g[1], ref)
     with pytest.raises(ValueError, match="RGB"):
-        cu.cifar_to_grey28(rgb[..., 0])
+        cu.data.cifar_to_grey28(rgb[..., 0])
 
 
 def test_vision_experiment_tiny_end_to_end(tmp_path, monkeypatch):
@@ -106,14 +106,14 @@ def test_vision_experiment_tiny_end_to_end(tmp_path, monkeypatch):
                batch_size=8, lr=1e-4, shots=(5, 10), probe_draws=2, ft_steps=2, ft_batch=8, ft_lr=1e-4,
                num_experts=4, top_k=2, energy=0.95, eesd_decay=0.9, eesd_weight=0.1, aux_coef=0.01)
     out = cu.vision_experiment(["dense", "sparse", "cluster_eesd"], [0], cfg)
-    assert list(out["items"].columns) == cu.VISION_COLUMNS["items"]
-    assert list(out["accuracy"].columns) == cu.VISION_COLUMNS["accuracy"]
+    assert list(out["items"].columns) == cu.experiment.VISION_COLUMNS["items"]
+    assert list(out["accuracy"].columns) == cu.experiment.VISION_COLUMNS["accuracy"]
     acc = out["accuracy"]
     assert set(acc["task"]) == {"fmnist_test", "cifar_5shot", "cifar_10shot", "cifar_ft"}
     assert set(acc["method"]) == {"dense", "sparse", "cluster_eesd"}
     assert acc["accuracy"].between(0, 100).all()
-    assert cu.per_item_scores(out["items"], "sparse", "fmnist_test").shape == (1, 30)
-    assert cu.per_item_scores(out["items"], "cluster_eesd", "cifar_5shot").shape == (1, 20)
+    assert cu.report.per_item_scores(out["items"], "sparse", "fmnist_test").shape == (1, 30)
+    assert cu.report.per_item_scores(out["items"], "cluster_eesd", "cifar_5shot").shape == (1, 20)
     assert {"eesd", "balance", "ce"} <= set(out["history"].columns)
     assert out["pretrain"].loc[0, "steps"] == 2 and 0 <= out["pretrain"].loc[0, "test_accuracy"] <= 100
     assert set(out["timing"]["phase"]) >= {"continued_training", "evaluation_and_probes", "fine_tuning"}

@@ -43,6 +43,7 @@ from .analysis import HeldoutEntropy, moe_analyses, router_agreement, routing_en
 from .data import (PairBatches, cached_calibration, calibration_special_mask, heldout_batches,
                    image_loader, images_key, to_pixels, vision_data, vit_special_mask)
 from .method import DEFAULT_SPECIAL_TOKENS, EESD, SPECIAL_TOKENS, SpecialTokenClusterInit
+from .report import special_token_ranks_table, special_token_summary
 
 __all__ = [
     "METHODS", "infonce_loss", "make_loss_fn", "upcycle", "build_model", "trainable_ffn_params", "encode",
@@ -50,7 +51,8 @@ __all__ = [
     "run_from_config", "run_summary", "special_token_logs", "TUNED_KEYS", "tuned_settings", "eesd_decay_for",
     "VIT_SMALL", "VISION_METHODS", "VISION_COLUMNS", "make_vit", "make_cls_loss_fn", "train_classifier",
     "vit_outputs", "pretrain_vit", "vit_calibration", "few_shot_indices", "few_shot_probe", "finetune_accuracy",
-    "run_vision_condition", "vision_experiment",
+    "run_vision_condition", "vision_experiment", "TUNING_DIR", "training_settings", "special_token_study",
+    "text_runs", "vision_settings",
 ]
 
 METHODS = {
@@ -653,3 +655,53 @@ def vision_experiment(methods, seeds, cfg: dict, use_cache: bool = True) -> dict
                            for r in results for p, n, w in r["timing"]])
     return dict(items=items, accuracy=acc, history=pd.concat(hist, ignore_index=True) if hist else pd.DataFrame(),
                 timing=timing, pretrain=pd.DataFrame([info]), results=results)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The notebook's steps (03): training settings, the special-token study, the text runs, the vision settings
+# ---------------------------------------------------------------------------------------------------------------
+# where scripts/tune_03.py writes its validation choice (not under figures/: publishing replaces that folder)
+TUNING_DIR = Path(__file__).resolve().parents[3] / "data" / "tuning" / "03_cluster_upcycling"
+
+
+def training_settings(fallback: dict, fixed: dict | None = None, fixed_source: str = "",
+                      folder=TUNING_DIR) -> dict:
+    """The text runs' learning rate, steps and batch size with ``candidate`` and ``source`` (a sentence): ``fixed``
+    when given (the smoke profile's tiny settings, ``fixed_source`` saying so), else the validation choice of
+    ``scripts/tune_03.py`` in ``folder`` or ``fallback`` until it exists (:func:`tuned_settings`)."""
+    if fixed is not None:
+        return {**{k: fixed[k] for k in TUNED_KEYS}, "candidate": None, "source": fixed_source}
+    return tuned_settings(folder, fallback)
+
+
+def special_token_study(st, pairs: dict, cfg: dict, seed: int = 0) -> dict:
+    """Notebook 03, Steps 1-3: the calibration set (``cfg`` calib_texts / calib_tokens / max_len) and the
+    cluster-aware initialisation under each special-token handling (no training). Returns the per-expert ranks
+    table, its per-layer summary, and the numbers of special and of all calibration tokens."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # rank-deficient clusters (smoke) get jitter, by design
+        calib, special = text_calibration(st, pairs, cfg["calib_texts"], cfg["calib_tokens"], cfg["max_len"])
+        logs = special_token_logs(st, calib, special, seed=seed, num_experts=cfg["num_experts"], top_k=cfg["top_k"],
+                                  energy=cfg["energy"])
+    ranks = special_token_ranks_table(logs)
+    return {"ranks": ranks, "summary": special_token_summary(ranks), "n_special": int(special.sum()),
+            "n_tokens": len(special)}
+
+
+def text_runs(st, pairs: dict, cfg: dict, benchmarks=None) -> list[dict]:
+    """Notebook 03's text experiment (:func:`text_experiment`) with the sizes of ``cfg`` (methods, seeds, calibration,
+    evaluation, training and the init / EESD settings)."""
+    keys = ("special_tokens", "steps", "batch_size", "lr", "max_len", "energy", "eesd_decay", "eesd_weight",
+            "aux_coef", "num_experts", "top_k")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return text_experiment(st, pairs, cfg["methods"], cfg["seeds"], calib_texts=cfg["calib_texts"],
+                               calib_tokens=cfg["calib_tokens"], n_test=cfg["n_test"], n_probe=cfg["n_probe"],
+                               benchmarks=benchmarks, bench_all_seeds=cfg["bench_all_seeds"],
+                               **{k: cfg[k] for k in keys})
+
+
+def vision_settings(cfg: dict) -> dict:
+    """The dict :func:`vision_experiment` takes: the text runs' init and EESD settings with ``cfg["vision"]``."""
+    shared = ("num_experts", "top_k", "energy", "eesd_weight", "aux_coef", "special_tokens")
+    return {**{k: cfg[k] for k in shared}, **cfg["vision"]}

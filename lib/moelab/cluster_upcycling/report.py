@@ -6,6 +6,9 @@ initialisation and at the end, router movement, the held-out entropy trajectory,
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -18,6 +21,9 @@ __all__ = [
     "heldout_entropy_table", "init_table", "special_token_ranks_table", "special_token_summary",
     "plot_r1_init_end", "plot_analysis_panels",
     "plot_router_movement", "tuning_summary", "choose_tuned", "per_item_scores", "vision_table", "plot_vision",
+    "tuning_tables", "special_token_sentence", "init_rank_summary", "init_sentence", "runs_sentence",
+    "r1_summary", "damage_summary", "damage_sentences", "ANALYSIS_CAPTIONS", "analysis_tables",
+    "movement_sentences", "VISION_CAPTIONS", "vision_tables", "vision_sentences",
 ]
 
 
@@ -442,3 +448,165 @@ def plot_vision(accuracy, methods=None):
     axes[0][0].set_ylabel("accuracy (%)")
     fig.tight_layout()
     return fig
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The notebook's tables and computed sentences (03)
+# ---------------------------------------------------------------------------------------------------------------
+def _fmt(x, spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)   # one candidate or one seed: no margin, no s.d.
+
+
+def tuning_tables(path) -> dict:
+    """The validation choice of ``scripts/tune_03.py`` read back (``<folder>/tuning_summary.json``): ``candidates``
+    (one row per candidate, seed means; empty when absent), ``choice`` (one row, or None) and a sentence naming the
+    choice, its margin over the runner-up and the untrained dense model's score on the same pairs. Empty when the
+    file does not exist."""
+    path = Path(path)
+    if not path.exists():
+        return {}
+    tuning = json.loads(path.read_text())
+    ch = tuning.get("choice")
+    out = {"candidates": pd.DataFrame(tuning.get("summary", [])), "choice": None, "sentence": ""}
+    if ch:
+        out["choice"] = pd.DataFrame([{k: v for k, v in ch.items() if k not in ("settings", "provenance")}
+                                      | ch["settings"]])
+        out["sentence"] = (f"Chosen: {ch['candidate']} (validation R@1 {ch['val_r1_mean']:.2f} over {ch['seeds']} "
+                           f"seeds; runner-up {ch['runner_up']} by {_fmt(ch['margin'], '+.2f')} points; pooled seed "
+                           f"s.d. {_fmt(ch['pooled_seed_sd'], '.2f')}); the untrained dense model scores "
+                           f"{tuning['references']['dense_val_r1']:.2f} on the same pairs.")
+    return out
+
+
+def special_token_sentence(study: dict, handling: str) -> str:
+    """Steps 1-3: how many calibration tokens are special, and under ``include`` the most special-token-heavy cluster
+    per MoE layer with its rank beside the other experts' median rank."""
+    inc = study["summary"][study["summary"]["special_tokens"] == "include"]
+    return (f"The calibration set holds {study['n_special']} special tokens among {study['n_tokens']}. Clustered with "
+            "the rest ('include'), the most special-token-heavy cluster per MoE layer holds "
+            + ", ".join(f"{s:.0%}" for s in inc["top_special_share"]) + " special tokens, with rank "
+            + ", ".join(f"{int(r)}" for r in inc["top_rank"]) + " (other experts' median rank "
+            + ", ".join(f"{r:.0f}" for r in inc["median_rank_others"]) + f"). This notebook uses '{handling}'.")
+
+
+def init_rank_summary(init: pd.DataFrame) -> pd.DataFrame:
+    """Per MoE layer: the mean, smallest and largest rank r_i, the smallest cluster and the largest relative error
+    on an expert's own cluster."""
+    return init.groupby("moe_layer").agg(rank_mean=("rank", "mean"), rank_min=("rank", "min"),
+                                         rank_max=("rank", "max"), size_min=("cluster_size", "min"),
+                                         err_max=("rel_err_own_cluster", "max"))
+
+
+def init_sentence(init: pd.DataFrame, d_model: int = 384) -> str:
+    """The range of the effective ranks and the largest relative error on an expert's own cluster (threshold 1%)."""
+    if not len(init):
+        return "No cluster-aware initialisation in this run."
+    return (f"Effective ranks r_i range from {int(init['rank'].min())} to {int(init['rank'].max())} of {d_model} "
+            f"(mean {init['rank'].mean():.0f}); the largest relative error on an expert's own cluster is "
+            f"{100 * init['rel_err_own_cluster'].max():.2f}% (threshold 1%).")
+
+
+def runs_sentence(runs: pd.DataFrame) -> str:
+    """How many text runs and their total run time."""
+    return (f"{len(runs)} text runs, {runs.get('wall_s', pd.Series(dtype=float)).sum() / 60:.1f} min of run time in "
+            "total (runs served from the cache count the time they took when first run).")
+
+
+def r1_summary(r1: pd.DataFrame, r1_init: pd.DataFrame) -> pd.DataFrame:
+    """Mean and s.d. over seeds of R@1 (both ways averaged) per method, at init and at the end."""
+    return pd.concat({"init": r1_init.groupby("method", sort=False)["r1_avg"].agg(["mean", "std"]),
+                      "end": r1.groupby("method", sort=False)["r1_avg"].agg(["mean", "std"])}, axis=1).round(2)
+
+
+def damage_summary(damage: pd.DataFrame) -> pd.DataFrame:
+    """Seed means per method of the gap to the dense model at init and at the end, and the repair."""
+    if not len(damage):
+        return pd.DataFrame()
+    return damage.groupby("method", sort=False)[["gap_init", "gap_final", "repair"]].mean().round(2)
+
+
+def damage_sentences(dm: pd.DataFrame) -> str:
+    """One line per method: its gap to the dense model at init and at the end, and whether the damage was
+    repaired."""
+    lines = []
+    for m, row in dm.iterrows():
+        state = ("not below the dense model at init" if row["gap_init"] >= 0 else
+                 "damage at init repaired" if row["gap_final"] >= 0 else "damage at init not repaired")
+        lines.append(f"{m}: gap to the dense model {row['gap_init']:+.2f} points at init, {row['gap_final']:+.2f} at "
+                     f"the end ({state}, seed means).")
+    return "\n".join(lines)
+
+
+ANALYSIS_CAPTIONS = {
+    "panels": "relative compactness, expert parameter and output similarity, routing entropy, utilisation balance, "
+              "router agreement with init per method, seed, MoE layer, at init and after training, on the fixed "
+              "held-out token set",
+    "entropy_steps": "routing entropy of the training batches per step (batch-to-batch noise; the trajectory is "
+                     "entropy_heldout)",
+    "entropy_heldout": "routing entropy on a fixed held-out batch at fixed steps (step 0 = initialisation)",
+    "router_movement": "router movement: top-1 agreement with the init router, entropy and expert-output similarity "
+                       "at init and at the end",
+    "utilisation": "final expert utilisation",
+    "init_vs_end": "every analysis at init and at the end per method (mean over MoE layers and seeds), its change, "
+                   "and what the initialisation fixes by definition",
+}
+
+
+def analysis_tables(results, moe_methods) -> dict:
+    """The poster's four panels and router movement of every run of ``moe_methods``, keyed by the saved table names
+    (:data:`ANALYSIS_CAPTIONS`): panels, entropy_steps, entropy_heldout, router_movement, utilisation, init_vs_end."""
+    res = [r for r in results if r["method"] in moe_methods]
+    ana = analysis_table(res)
+    return {"panels": ana, "entropy_steps": entropy_history(res), "entropy_heldout": heldout_entropy_table(res),
+            "router_movement": router_movement_table(res), "utilisation": utilisation_table(res),
+            "init_vs_end": init_end_table(ana)}
+
+
+def movement_sentences(movement: pd.DataFrame, steps: int, lr: float) -> str:
+    """Per method: the share of held-out tokens whose top-1 expert moved, the entropy and expert-output similarity
+    at init and at the end; and which routers kept more than 95% of their top-1 choices."""
+    mv = movement.groupby("method", sort=False)[["top1_moved", "entropy_init", "entropy_final",
+                                                 "output_similarity_init", "output_similarity_final"]].mean()
+    lines = [f"{m}: {row['top1_moved']:.1%} of held-out tokens changed their top-1 expert; routing entropy "
+             f"{row['entropy_init']:.3f} -> {row['entropy_final']:.3f}; expert-output similarity "
+             f"{row['output_similarity_init']:.4f} -> {row['output_similarity_final']:.4f} (seed means)."
+             for m, row in mv.iterrows()]
+    still = [m for m, row in mv.iterrows() if row["top1_moved"] < 0.05]
+    if still:
+        lines.append(f"The routers of {', '.join(still)} kept the top-1 expert of more than 95% of held-out tokens: "
+                     f"with {steps} steps at lr {lr:g} their analyses after training still describe the "
+                     "initialisation, and the claims below say so.")
+    return "\n".join(lines)
+
+
+VISION_CAPTIONS = {
+    ("table2", "vit_pretraining"): "dense ViT pretrained on Fashion-MNIST",
+    ("table2", "vit_fewshot_ft"): "accuracy (%) per method, seed and task: Fashion-MNIST test, CIFAR-10 (grey 28x28) "
+                                  "fine-tuning",
+    ("table2", "vit_timing"): "wall seconds per phase",
+    ("table2", "vit_training"): "continued training per step",
+    ("init", "vit_cluster_ranks"): "ViT: cluster sizes and ranks r_i per expert",
+}
+
+
+def vision_tables(vres: dict) -> dict:
+    """The vision stand-in's saved tables keyed by (section, name) of :data:`VISION_CAPTIONS`; the training history
+    and the ViT's cluster ranks only where the run has them."""
+    out = {("table2", "vit_pretraining"): vres["pretrain"], ("table2", "vit_fewshot_ft"): vres["accuracy"],
+           ("table2", "vit_timing"): vres["timing"]}
+    if len(vres["history"]):
+        out[("table2", "vit_training")] = vres["history"]
+    vinit = init_table(vres["results"])
+    if len(vinit):
+        out[("init", "vit_cluster_ranks")] = vinit
+    return out
+
+
+def vision_sentences(pretrain: pd.DataFrame, vtab: pd.DataFrame) -> str:
+    """The dense ViT's pretraining and test accuracy, then per task every method's mean ± s.d. over seeds."""
+    pre = pretrain.iloc[0]
+    lines = [f"The dense ViT saw {int(pre['images_seen'])} Fashion-MNIST images ({pre['epochs']:.2f} epochs) and "
+             f"reaches {pre['test_accuracy']:.1f}% test accuracy."]
+    lines += [f"{t}: " + ", ".join(f"{m} {vtab.loc[m, t]:.2f} ± {vtab.loc[m, t + '_std']:.2f}%" for m in vtab.index)
+              + " (mean ± s.d. over seeds)" for t in vtab.columns if not t.endswith("_std")]
+    return "\n".join(lines)
