@@ -141,7 +141,7 @@ def contrastive_loss_fn(tok, aux_coef: float = 0.0, scale: float = 20.0, max_len
             metrics[f"imbalance_L{i}"] = float(load_imbalance(((la + lg) / 2).cpu().numpy()))
         lb = torch.stack(bal).sum()
         metrics["balance_loss"] = lb.detach()
-        metrics["task_loss"] = lc   # the contrastive loss alone: its router gradient is logged (issue 15, item 1)
+        metrics["task_loss"] = lc   # the contrastive loss alone: its router gradient is logged
         return lc + aux_coef * lb, metrics
 
     return loss_fn

@@ -1,5 +1,5 @@
 """The poster's analyses (poster 002 "Analysis" panels 1-4; notebook ``03_cluster_upcycling``), measured on a FIXED
-held-out token set at initialisation and at the end of training for every method in a run (issue 21, items 1-2).
+held-out token set at initialisation and at the end of training for every method in a run.
 
 * panel 1, relative compactness (:func:`relative_compactness`); for the cluster router at init it groups tokens by
   the k-means partition itself, so it is an initialisation property there;
@@ -71,7 +71,7 @@ def relative_compactness(x: torch.Tensor, assign: torch.Tensor, num_experts: int
 
 
 def router_agreement(top_init, top_final) -> float:
-    """Router MOVEMENT measure (issue 21, item 2; notebook 03): the share of held-out tokens whose top-1 expert after
+    """Router MOVEMENT measure (notebook 03): the share of held-out tokens whose top-1 expert after
     training equals their top-1 expert at initialisation, ``1/T sum_t [argmax_i z_i^end(x_t) = argmax_i z_i^0(x_t)]``.
     1 = the router did not move on these tokens. For cluster-aware upcycling the initial top-1 IS the k-means
     partition (centroid router), so agreement there is 1 at init by construction: read it as distance moved only."""
@@ -129,7 +129,7 @@ def heldout_entropy(model, batches, forward=None) -> list[float]:
 
 
 class HeldoutEntropy:
-    """Routing-entropy trajectory on a FIXED held-out batch at FIXED steps (poster panel 3; issue 21 item 1;
+    """Routing-entropy trajectory on a FIXED held-out batch at FIXED steps (poster panel 3;
     notebook 03). Use as the trainer's ``after_step`` hook (``hook(step, model)``); call ``hook(0, model)`` before
     training for the initial point. At each step in ``steps`` it evaluates (eval mode, no gradients, no random
     numbers drawn, training mode restored) and appends one row per MoE layer to ``rows``:

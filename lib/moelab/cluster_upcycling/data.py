@@ -56,7 +56,7 @@ class PairBatches(torch.utils.data.Dataset):
 
 
 def heldout_batches(st, texts, max_len: int = 32, batch_size: int = 64) -> list[dict]:
-    """The fixed held-out token set of notebook 03's analyses (issue 21, items 1-2): ``texts`` tokenised once into
+    """The fixed held-out token set of notebook 03's analyses: ``texts`` tokenised once into
     feature dicts of ``batch_size`` sentences, so every method and every evaluation step sees the same tokens."""
     if not texts:
         raise ValueError("heldout_batches needs at least one held-out sentence")
@@ -83,7 +83,7 @@ def cached_calibration(st, texts, max_tokens: int, max_len: int = 32) -> dict:
 
 def special_token_ids(tokenizer) -> list[int]:
     """Ids of the tokens the tokenizer adds or uses structurally ([CLS], [SEP], [PAD], [MASK], BOS/EOS): its
-    ``all_special_ids`` minus the unknown-word token, which stands for real text (issue 21, item 4)."""
+    ``all_special_ids`` minus the unknown-word token, which stands for real text."""
     unk = getattr(tokenizer, "unk_token_id", None)
     return sorted({int(i) for i in tokenizer.all_special_ids} - ({int(unk)} if unk is not None else set()))
 
@@ -100,7 +100,7 @@ def special_token_mask(features: dict, special_ids) -> torch.Tensor:
 
 def calibration_special_mask(st, texts, max_tokens: int = 8192, max_len: int = 32, batch: int = 64) -> torch.Tensor:
     """Which rows of :func:`calibration_inputs` (same ``texts``, ``max_tokens``, ``max_len``, ``batch``) are special
-    tokens (:func:`special_token_ids`): [T] bool, from the tokenizer alone (notebook 03, issue 21 item 4)."""
+    tokens (:func:`special_token_ids`): [T] bool, from the tokenizer alone (notebook 03)."""
     ids = special_token_ids(st.tokenizer)
     parts = [special_token_mask(_features(st, texts[i:i + batch], max_len), ids) for i in range(0, len(texts), batch)]
     return torch.cat(parts)[:max_tokens] if parts else torch.zeros(0, dtype=torch.bool)
@@ -197,7 +197,7 @@ def vision_data(cfg: dict) -> dict:
 
 def vit_special_mask(num_tokens: int, tokens_per_image: int) -> torch.Tensor:
     """[num_tokens] bool: the ViT's CLS token (position 0 of each image's ``tokens_per_image`` = 1 + patches) in
-    calibration inputs collected image by image (notebook 03's vision stand-in; issue 21 item 4)."""
+    calibration inputs collected image by image (notebook 03's vision stand-in)."""
     if tokens_per_image < 1 or num_tokens < 0:
         raise ValueError(f"need tokens_per_image >= 1 and num_tokens >= 0, got {tokens_per_image}, {num_tokens}")
     return torch.arange(num_tokens) % tokens_per_image == 0

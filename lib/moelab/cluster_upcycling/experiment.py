@@ -93,7 +93,7 @@ def _moe_entropy(model, mask) -> float | None:
 
 def _moe_terms(model, loss, metrics: dict, aux_coef: float, eesd: "EESD | None", mask=None):
     """Add ``aux_coef`` * balancing loss (+ EESD) to ``loss`` and their values to ``metrics`` (text and vision).
-    ``metrics["task_loss"]`` keeps the task loss alone, whose router gradient the trainer logs (issue 15, item 1)."""
+    ``metrics["task_loss"]`` keeps the task loss alone, whose router gradient the trainer logs."""
     metrics["task_loss"] = loss
     if moe_layers(model):
         bal = aux_loss(model)
@@ -139,7 +139,7 @@ def upcycle(backbone: nn.Module, method: str, calib: dict | None, seed: int, num
           if init == "cluster" else None)
     hook = ci or {"sparse": "sparse", "noise": noise_init(seed=seed), "drop": drop_init(seed=seed)}[init]
     moeify(backbone, "every_other", num_experts, top_k, init=hook, calib_inputs=calib if ci else None,
-           renormalize=top_k > 1)                          # top-1: Switch's raw probability (issue 15)
+           renormalize=top_k > 1)                          # top-1: Switch's raw probability
     return ci
 
 
@@ -216,7 +216,7 @@ def run_text_condition(st_dense, method: str, seed: int, train_pairs, test_pairs
     same held-out batch at :func:`trajectory_steps` ``(steps, entropy_points)`` (``entropy_heldout``: rows of step,
     moe_layer, routing_entropy; step 0 = initialisation). R@1 is measured at the end (``r1``) and, with
     ``r1_at_init``, also on the initialised model before any training (``r1_init``: an upcycling's damage at
-    initialisation, e.g. Drop-Upcycling's; issue 21 item 3; for the untrained ``"dense"`` model the two are the same
+    initialisation, e.g. Drop-Upcycling's; for the untrained ``"dense"`` model the two are the same
     measurement). Returns plain data: per-item R@1 both ways, suite benchmark scores, training history (with the
     training batches' routing entropy per step), the analyses, the cluster-aware init log.
     """
@@ -328,7 +328,7 @@ TUNED_KEYS = ("lr", "steps", "batch_size")
 
 
 def tuned_settings(folder, fallback: dict) -> dict:
-    """The training settings of notebook 03's text runs (issue 21 item 1): learning rate, steps and batch size chosen
+    """The training settings of notebook 03's text runs: learning rate, steps and batch size chosen
     on the VALIDATION pairs for the sparse baseline by ``scripts/tune_03.py`` (``<folder>/tuning_summary.json``, key
     ``choice``), the same for every method; ``fallback`` (a dict with ``lr``, ``steps``, ``batch_size``) when no
     choice has been made yet. Returns those three settings plus ``source`` (a sentence saying which applies and
@@ -415,7 +415,7 @@ def special_token_logs(st_dense, calib: dict, special_mask, *, seed: int = 0, nu
                        top_k: int = 2, energy: float = 0.95, modes=SPECIAL_TOKENS) -> dict:
     """Cluster-aware initialisation (Steps 1-3, no training) of the dense encoder once per special-token handling in
     ``modes`` on the same calibration set; returns ``{mode: init log}`` for
-    :func:`moelab.cluster_upcycling.report.special_token_ranks_table` (issue 21 item 4; notebook 03)."""
+    :func:`moelab.cluster_upcycling.report.special_token_ranks_table` (notebook 03)."""
     logs = {}
     for mode in modes:
         with warnings.catch_warnings():
@@ -590,7 +590,7 @@ def run_vision_condition(vit_dense, method: str, seed: int, data: dict, calib: d
     t0 = time.perf_counter()
     logits, _ = vit_outputs(model, data["test_x"])
     res["fmnist_test"] = (logits.argmax(1).numpy() == data["test_y"]).astype(float)
-    if cfg["shots"]:  # few-shot probes (issue 21: no signal on this ViT; notebook 03 runs none by default)
+    if cfg["shots"]:  # few-shot probes (no signal on this ViT; notebook 03 runs none by default)
         _, f_tr = vit_outputs(model, data["cifar_train_x"])
         _, f_te = vit_outputs(model, data["cifar_test_x"])
     for k in cfg["shots"]:

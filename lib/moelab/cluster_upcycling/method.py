@@ -3,8 +3,8 @@
 The poster's three initialisation steps plus its training loss:
 
 1. *Activation clustering* (poster "Step 1"): spherical k-means on the FFN input activations of the dense model,
-   one cluster per expert (:func:`spherical_kmeans`). Which tokens enter the clustering is explicit here
-   (issue 21, item 4): ``special_tokens="exclude"`` (the default), ``"own_expert"`` or ``"include"``
+   one cluster per expert (:func:`spherical_kmeans`). Which tokens enter the clustering is explicit here:
+   ``special_tokens="exclude"`` (the default), ``"own_expert"`` or ``"include"``
    (:class:`SpecialTokenClusterInit`).
 2. *Cluster-aware expert initialisation* (poster "Step 2", "practical solution"): every expert starts as the dense
    FFN; its input projection is replaced by a data-aware truncated SVD whitened by its own cluster
@@ -13,7 +13,7 @@ The poster's three initialisation steps plus its training loss:
 4. *Expert-ensemble self-distillation* (poster "EESD"): at every MoE layer the sparse top-k output is pulled towards
    the dense ensemble of all experts of an EMA copy, weighted by the EMA router's probabilities (:class:`EESD`).
 
-Steps 1-3 live in :mod:`moelab.core.cluster_init` (shared with notebook 02; issue 21, item 0) and are re-exported
+Steps 1-3 live in :mod:`moelab.core.cluster_init` (shared with notebook 02) and are re-exported
 here; this file adds the special-token handling of the calibration set, EESD, and Steps 1-3 applied to the raw
 MLP weights of an open_clip checkpoint (:func:`upcycle_openclip_mlps`, the paper profile).
 
@@ -43,7 +43,7 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Step 1 with the special tokens handled explicitly (issue 21, item 4)
+# Step 1 with the special tokens handled explicitly
 # ---------------------------------------------------------------------------------------------------------------
 SPECIAL_TOKENS = ("exclude", "own_expert", "include")
 # Default: special tokens ([CLS], [SEP]; a ViT's CLS) are left out of the clustering and of every expert's
@@ -59,7 +59,7 @@ def _check_mode(special_tokens: str) -> None:
 
 def special_token_partition(x: torch.Tensor, special_mask: torch.Tensor, num_experts: int, n_iter: int = 50,
                             n_init: int = 3, seed: int = 0) -> KMeansResult:
-    """Step 1 with ``special_tokens="own_expert"`` (poster 002 Step 1, issue 21 item 4; notebook 03).
+    """Step 1 with ``special_tokens="own_expert"`` (poster 002 Step 1; notebook 03).
 
     The ordinary tokens ``x[~special_mask]`` are clustered by spherical k-means into ``E - 1`` clusters (experts
     ``0..E-2``); the special tokens form cluster ``E - 1``, whose unit centroid is the normalised sum of their unit
@@ -87,8 +87,8 @@ def special_token_partition(x: torch.Tensor, special_mask: torch.Tensor, num_exp
 
 
 class SpecialTokenClusterInit(ClusterAwareInit):
-    """:class:`ClusterAwareInit` with the calibration set's special tokens handled explicitly (poster 002 Steps 1-3;
-    issue 21 item 4; notebook 03).
+    """:class:`ClusterAwareInit` with the calibration set's special tokens handled explicitly (poster 002
+    Steps 1-3; notebook 03).
 
     ``special_mask`` [T] marks the special tokens of the calibration set (every converted layer sees the same tokens
     in the same order, so one mask serves all layers; :func:`moelab.cluster_upcycling.data.calibration_special_mask`).

@@ -2,7 +2,7 @@
 results (:mod:`moelab.cluster_upcycling.experiment`): retrieval, suite benchmarks, the analysis panels at
 initialisation and at the end, router movement, the held-out entropy trajectory, the cluster-aware init diagnostics
 (with the special-token handling), and the vision stand-in. The verdicts are in
-:mod:`moelab.claims.defs.nb03_cluster_upcycling`.
+:mod:`moelab.cluster_upcycling.claims`.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def r1_table(results, when: str = "final") -> pd.DataFrame:
 
 
 def init_damage_table(r1_init: pd.DataFrame, r1_final: pd.DataFrame, reference: str = "dense") -> pd.DataFrame:
-    """Initialisation damage and its repair (issue 21 item 3; notebook 03), from :func:`r1_table` at ``init`` and
+    """Initialisation damage and its repair (notebook 03), from :func:`r1_table` at ``init`` and
     at the end: per (method, seed), R@1 (avg of both directions, points) at init and at the end, and their gaps to
     the untrained ``reference`` model (its seed mean): ``gap_init = R@1_init - R@1_dense``, ``gap_final = R@1_end -
     R@1_dense``, ``repair = gap_final - gap_init``. Sparse upcycling starts with gap 0 (function-preserving); a
@@ -121,7 +121,7 @@ def router_movement_table(results) -> pd.DataFrame:
     """How far training moved each MoE layer, per (method, seed, moe layer), on the fixed held-out token set:
     ``top1_agreement`` with the init router (:func:`moelab.cluster_upcycling.analysis.router_agreement`; for
     cluster-aware upcycling the init top-1 is the k-means partition), ``top1_moved`` = 1 - agreement, and the routing
-    entropy and expert-output similarity at init and at the end with their changes (issue 21, items 1-2)."""
+    entropy and expert-output similarity at init and at the end with their changes."""
     rows = []
     for r in results:
         a0, a1 = r["analysis_init"], r["analysis"]
@@ -142,7 +142,7 @@ def router_movement_table(results) -> pd.DataFrame:
 
 CLUSTER_METHODS = ("cluster", "cluster_eesd")
 COPY_METHODS = ("sparse", "sparse_eesd")
-# metric -> [(methods, what the initialisation does to it by definition)] (issue 21 item 2: "a metric that the
+# metric -> [(methods, what the initialisation does to it by definition)] ("a metric that the
 # initialisation optimises by definition is reported as such"); None = every method
 INIT_PROPERTIES = {
     "relative_compactness": [(CLUSTER_METHODS, "optimised by the init: the centroid router's top-1 is the spherical "
@@ -192,7 +192,7 @@ def utilisation_table(results) -> pd.DataFrame:
 
 def entropy_history(results) -> pd.DataFrame:
     """Routing entropy of the TRAINING batches (normalised, mean over MoE layers) per training step, per (method,
-    seed), with the router's task-loss gradient norm where the trainer logged it (issue 15, item 1). A diagnostic:
+    seed), with the router's task-loss gradient norm where the trainer logged it. A diagnostic:
     each step's batch differs, so its wiggles are batch-to-batch noise; the trajectory is
     :func:`heldout_entropy_table`."""
     frames = []
@@ -208,7 +208,7 @@ def entropy_history(results) -> pd.DataFrame:
 
 def heldout_entropy_table(results) -> pd.DataFrame:
     """The routing-entropy trajectory on the fixed held-out batch at fixed steps (step 0 = initialisation), per
-    (method, seed, step, moe layer): normalised entropy (poster panel 3; issue 21 item 1; saved by notebook 03 as
+    (method, seed, step, moe layer): normalised entropy (poster panel 3; saved by notebook 03 as
     ``analysis_entropy_heldout``)."""
     rows = [{"method": r["method"], "seed": r["seed"], **row} for r in results for row in r.get("entropy_heldout") or []]
     return pd.DataFrame(rows, columns=["method", "seed", "step", "moe_layer", "routing_entropy"])
@@ -235,7 +235,7 @@ def init_table(results) -> pd.DataFrame:
 
 
 def special_token_ranks_table(logs: dict) -> pd.DataFrame:
-    """Per-expert ranks under each special-token handling (issue 21 item 4; notebook 03): ``logs`` maps a mode
+    """Per-expert ranks under each special-token handling (notebook 03): ``logs`` maps a mode
     (``exclude`` / ``own_expert`` / ``include``) to a cluster-aware init log
     (:func:`moelab.cluster_upcycling.experiment.special_token_logs`). One row per (special_tokens, moe layer,
     expert): cluster size, ``special_in_cluster`` and ``special_share`` (special tokens among the tokens that whiten
@@ -255,7 +255,7 @@ def special_token_ranks_table(logs: dict) -> pd.DataFrame:
 
 
 def special_token_summary(ranks: pd.DataFrame) -> pd.DataFrame:
-    """Per (special-token handling, MoE layer), from :func:`special_token_ranks_table` (issue 21 item 4): the expert
+    """Per (special-token handling, MoE layer), from :func:`special_token_ranks_table`: the expert
     whose cluster holds the largest share of special calibration tokens (``top_special_expert``, its
     ``top_special_share``, cluster size and rank r_i), the median rank of the other experts, and how many special
     calibration tokens the initial router sends to its most popular expert (``special_routed_max``)."""
@@ -358,7 +358,7 @@ def plot_router_movement(movement, methods=None):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Choosing the training settings on validation (scripts/tune_03.py; issue 21 item 1)
+# Choosing the training settings on validation (scripts/tune_03.py)
 # ---------------------------------------------------------------------------------------------------------------
 TUNING_RUN_COLUMNS = ("candidate", "seed", "lr", "steps", "batch_size", "val_r1")
 
@@ -386,7 +386,7 @@ def tuning_summary(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def choose_tuned(runs: pd.DataFrame) -> dict:
-    """The choice of ``scripts/tune_03.py`` (issue 21 item 1): the candidate with the highest seed-mean validation
+    """The choice of ``scripts/tune_03.py``: the candidate with the highest seed-mean validation
     R@1 of sparse upcycling; equal means go to the cheaper run (fewer steps, then the smaller batch). Returns its
     name, settings (``lr``, ``steps``, ``batch_size``), validation R@1 (mean, s.d., seeds), the runner-up and the
     margin, the pooled seed s.d. over candidates, and the rule."""
