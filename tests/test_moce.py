@@ -49,11 +49,11 @@ def blobs(n_per=30, k=3, dim=8, seed=0):
 # ---------------------------------------------------------------------------------------------------- clustering
 def test_cluster_assignment_matches_naive_nearest_centroid():
     x, y = blobs()
-    cm = moce.fit_clusters(x, 3, seed=0)
+    cm = moce.clustering.fit_clusters(x, 3, seed=0)
     pred = cm.predict(x)
     naive = np.array([min(range(3), key=lambda j: float(((row - cm.centroids[j]) ** 2).sum())) for row in x])
     assert (pred == naive).all()
-    m = moce.cluster_metrics(pred, y)
+    m = moce.clustering.cluster_metrics(pred, y)
     assert m["purity"] == 1.0 and m["nmi"] == pytest.approx(1.0)
     # SSE = Σ ||e - μ_assigned||²  (Eq. 4 objective)
     sse = sum(float(((row - cm.centroids[p]) ** 2).sum()) for row, p in zip(x, pred))
@@ -64,12 +64,12 @@ def test_purity_against_naive_count():
     c = np.array([0, 0, 1, 1, 1, 2])
     d = np.array(["a", "b", "b", "b", "a", "a"])
     # cluster 0: max 1, cluster 1: max 2 (b), cluster 2: 1 -> 4/6
-    assert moce.cluster_metrics(c, d)["purity"] == pytest.approx(4 / 6)
+    assert moce.clustering.cluster_metrics(c, d)["purity"] == pytest.approx(4 / 6)
 
 
 def test_elbow_and_knee_find_three_blobs():
     x, _ = blobs(k=3)
-    curve = moce.elbow_curve(x, range(1, 9))
+    curve = moce.clustering.elbow_curve(x, range(1, 9))
     assert (np.diff(curve.sse) <= 1e-6).all()
     assert moce.find_knee(curve.k, curve.sse, method="chord")["k"] == 3
     assert moce.find_knee(curve.k, curve.sse)["k"] == 3
@@ -87,22 +87,22 @@ def test_knee_chord_reference():
 def test_bad_cluster_inputs():
     x, _ = blobs(n_per=2, k=2)
     with pytest.raises(ValueError, match="k=5 clusters exceeds the number of examples n=4"):
-        moce.fit_clusters(x, 5)
+        moce.clustering.fit_clusters(x, 5)
     with pytest.raises(ValueError, match="positive int"):
-        moce.fit_clusters(x, 0)
+        moce.clustering.fit_clusters(x, 0)
     dup = np.repeat(np.eye(2), 3, axis=0)  # 6 rows, 2 distinct points
     with pytest.raises(ValueError, match="empty cluster"):
-        moce.fit_clusters(dup, 3)
+        moce.clustering.fit_clusters(dup, 3)
     with pytest.raises(ValueError, match="exceeds"):
-        moce.elbow_curve(x, range(1, 11))
+        moce.clustering.elbow_curve(x, range(1, 11))
     with pytest.raises(ValueError, match="instruction"):
-        moce.instruction_texts([{"instruction": " ", "answer": "x"}])
+        moce.clustering.instruction_texts([{"instruction": " ", "answer": "x"}])
     with pytest.raises(ValueError, match="empty"):
-        moce.instruction_texts([])
+        moce.clustering.instruction_texts([])
 
 
 def test_cluster_distribution_shares_sum_to_one():
-    dist = moce.cluster_distribution([0, 1, 1, 2, 0, 0], ["a", "a", "a", "b", "b", "b"], k=3)
+    dist = moce.clustering.cluster_distribution([0, 1, 1, 2, 0, 0], ["a", "a", "a", "b", "b", "b"], k=3)
     assert dist.groupby("task").share.sum().tolist() == pytest.approx([1.0, 1.0])
     assert int(dist[(dist.task == "b") & (dist.cluster == 0)]["count"].iloc[0]) == 2
 
@@ -114,10 +114,10 @@ def test_minilm_overflow_is_defined():
     model = assets.load_minilm()
     long = "word " * 600
     with pytest.raises(ValueError, match="longer than the encoder's context of 256"):
-        moce.embed_texts(["short one", long], model=model, on_overflow="error")
-    emb = moce.embed_texts(["short one", long], model=model)  # truncation (documented behaviour)
+        moce.clustering.embed_texts(["short one", long], model=model, on_overflow="error")
+    emb = moce.clustering.embed_texts(["short one", long], model=model)  # truncation (documented behaviour)
     assert emb.shape == (2, 384) and np.allclose(np.linalg.norm(emb, axis=1), 1, atol=1e-5)
-    assert (moce.context_overflow(["short one", long], model.tokenizer) > 0).tolist() == [False, True]
+    assert (moce.clustering.context_overflow(["short one", long], model.tokenizer) > 0).tolist() == [False, True]
 
 
 # ---------------------------------------------------------------------------------------------------- layer
@@ -186,11 +186,11 @@ def test_pesc_adapters_start_as_the_dense_model_and_only_adapters_train():
     assert torch.allclose(out, ref, atol=1e-6)  # W_up = 0 at init: every expert equals the dense FFN
     names = [k for k, p in model.named_parameters() if p.requires_grad]
     assert names and all(("experts" in k or "general" in k or "router" in k) for k in names)
-    counts = moce.count_parameters(model)
+    counts = moce.method.count_parameters(model)
     # per layer: (M*N + N) adapters x 2·d·r  + group router M*N*d + general router N*d
     assert counts["adapter_params"] == 2 * (6 * 2 * 32 * 4)
     assert counts["router_params"] == 2 * (4 * 32 + 2 * 32)
-    moce.uninstall(model)
+    moce.method.uninstall(model)
     assert torch.allclose(model(ids).logits, ref)
 
 
@@ -259,11 +259,11 @@ def test_top_stack_on_cached_states_equals_full_model(family):
 
 def test_tokenize_long_instruction_is_truncated_with_answer_kept():
     tok = CharTok()
-    out = moce.tokenize_example(tok, {"instruction": "x" * 500, "answer": "yes"}, max_len=64)
+    out = moce.data.tokenize_example(tok, {"instruction": "x" * 500, "answer": "yes"}, max_len=64)
     assert out["truncated"] and len(out["input_ids"]) <= 64
     assert (out["labels"] != -100).sum() == 5  # ' yes' + eos
     with pytest.raises(ValueError, match="max_len"):
-        moce.tokenize_example(tok, {"instruction": "x", "answer": "y"}, max_len=8)
+        moce.data.tokenize_example(tok, {"instruction": "x", "answer": "y"}, max_len=8)
 
 
 def test_train_variant_reduces_loss_and_rejects_empty_group():
@@ -275,13 +275,13 @@ def test_train_variant_reduces_loss_and_rejects_empty_group():
     groups[:2] = [0, 1]
     ex = moce.build_cache(model, tok, items, groups, start=2, max_len=48)
     spec = moce.variant_spec("moce", 2, 2, rank=8)
-    res = moce.train_variant(model, spec, ex, ex[:4], layers=[2], steps=12, batch_size=4, lr=5e-3, eval_every=3)
+    res = moce.experiment.train_variant(model, spec, ex, ex[:4], layers=[2], steps=12, batch_size=4, lr=5e-3, eval_every=3)
     assert res.eval_history.val_loss.iloc[-1] < res.eval_history.val_loss.iloc[0]
     assert res.steps == 12 and set(res.state) and res.params["trainable_params"] > 0
     for e in ex:
         e["group"] = 0
     with pytest.raises(ValueError, match="empty cluster"):
-        moce.train_variant(model, spec, ex, ex[:4], layers=[2], steps=2)
+        moce.experiment.train_variant(model, spec, ex, ex[:4], layers=[2], steps=2)
 
 
 # ---------------------------------------------------------------------------------------------------- paper profile
@@ -318,22 +318,22 @@ def test_paper_profile_path_runs_on_tiny_llama_and_local_data(tmp_path):
 
     paths = _tiny_paper_assets(tmp_path)
     with pytest.raises(MissingAsset, match="llama-2-7b-chat"):
-        moce.load_paper_model(tmp_path / "nope")
+        moce.data.load_paper_model(tmp_path / "nope")
     with pytest.raises(MissingAsset, match="metamathqa"):
-        moce.load_paper_mix({**paths, "metamathqa": tmp_path / "absent.json"})
+        moce.data.load_paper_mix({**paths, "metamathqa": tmp_path / "absent.json"})
     with pytest.raises(MissingAsset, match="e5-large-v2"):
-        moce.paper_encoder_path(None)
-    mix = moce.load_paper_mix(paths, val_frac=0.2)
+        moce.data.paper_encoder_path(None)
+    mix = moce.data.load_paper_mix(paths, val_frac=0.2)
     assert {r["domain"] for r in mix["train"] + mix["validation"]} == {"maths", "code", "reasoning"}
-    model, tok = moce.load_paper_model(tmp_path / "llama")
+    model, tok = moce.data.load_paper_model(tmp_path / "llama")
     rng = np.random.default_rng(0)
     emb = rng.normal(size=(len(mix["train"]), 4))  # the encoder is exercised elsewhere; clusters here
-    cm = moce.fit_clusters(emb, 2)
+    cm = moce.clustering.fit_clusters(emb, 2)
     ex = moce.build_cache(model, tok, mix["train"], cm.predict(emb), start=1, max_len=64)
     val = moce.build_cache(model, tok, mix["validation"], [0] * len(mix["validation"]), start=1, max_len=64)
-    layers = moce.top_layer_ids(model, "all")  # paper profile adapts every layer
+    layers = moce.method.top_layer_ids(model, "all")  # paper profile adapts every layer
     assert layers == [0, 1]
-    res = moce.train_variant(model, moce.variant_spec("moce", 2, 2, rank=4), ex, val, layers=[1], steps=3,
+    res = moce.experiment.train_variant(model, moce.variant_spec("moce", 2, 2, rank=4), ex, val, layers=[1], steps=3,
                              batch_size=4, eval_every=1)
     assert np.isfinite(res.eval_history.val_loss).all()
 
@@ -345,22 +345,22 @@ def test_trunk_memo_and_request_hook_match_plain_forward(family):
     for m in moce.moce_layers(model):
         torch.nn.init.normal_(m.experts.w_up, std=0.2)
     ids = torch.randint(0, 64, (1, 9))
-    hook = moce.make_request_hook(model, lambda text: 1 if "beta" in text else 0)
+    hook = moce.experiment.make_request_hook(model, lambda text: 1 if "beta" in text else 0)
     hook("Question: alpha\nAnswer: 1\n\nQuestion: beta?\nAnswer:")
     assert hook.seen and list(hook.seen.values()) == [1]
     with torch.no_grad():
         ref = model(ids).logits
-        with moce.trunk_memo(model, 2) as tm:
+        with moce.trunk.trunk_memo(model, 2) as tm:
             a = model(ids).logits
             b = model(ids).logits
         assert tm.misses == 1 and tm.hits == 1
         assert torch.allclose(a, ref, atol=1e-6) and torch.allclose(b, ref, atol=1e-6)
-        moce.set_group_ids(model, [0])
-        with moce.trunk_memo(model, 2, memo=tm):  # shared memo, other group: trunk reused, top differs
+        moce.method.set_group_ids(model, [0])
+        with moce.trunk.trunk_memo(model, 2, memo=tm):  # shared memo, other group: trunk reused, top differs
             c = model(ids).logits
         assert tm.hits == 2 and not torch.allclose(c, ref)
-    assert len(moce.decoder_layers(model)) == 4
-    assert moce.context_instruction("Q1 text\nAnswer:") == "Q1 text"
+    assert len(moce.method.decoder_layers(model)) == 4
+    assert moce.clustering.context_instruction("Q1 text\nAnswer:") == "Q1 text"
 
 
 def test_plan_runs_and_paired_scores():
@@ -376,7 +376,7 @@ def test_plan_runs_and_paired_scores():
     assert moce.variant_spec(spec["variant"], spec["M"], spec["N"]).num_experts == 12  # same pool as 3 x 4
     df = pd.DataFrame([{"variant": v, "seed": s, "task": "t", "item_id": i, "metric": "acc", "score": float(i + s)}
                        for v in ("a", "b") for s in (0, 1) for i in (2, 1, 0)])
-    arr = moce.paired_scores(df, "a", metric="acc", seeds=[0, 1])
+    arr = moce.report.paired_scores(df, "a", metric="acc", seeds=[0, 1])
     assert arr.tolist() == [[0, 1, 2], [1, 2, 3]]
     summ = moce.summarize_scores(df)
     assert summ.set_index("variant").loc["a", "mean"] == pytest.approx(1.5)
@@ -399,14 +399,14 @@ def test_btx_merged_layer_with_forced_router_reproduces_each_domain_adapter():
     x = torch.randn(2, 5, 32)
     states, outs = [], []
     for d in range(3):
-        layer = moce.install(model, moce.btx_branch_spec(spec), [1, 2])[0]
+        layer = moce.install(model, moce.method.btx_branch_spec(spec), [1, 2])[0]
         _random_adapters(model, seed=10 + d)
         with torch.no_grad():
             outs.append(layer(x))
-        states.append(moce.trainable_state(model))
-    merged = moce.btx_merge_states(states)
+        states.append(moce.method.trainable_state(model))
+    merged = moce.method.btx_merge_states(states)
     assert merged["model.layers.1.mlp.experts.w_down"].shape == (3, 8, 32)
-    moce.uninstall(model)
+    moce.method.uninstall(model)
     layer = moce.install(model, spec, [1, 2])[0]
     model.load_state_dict(merged, strict=False)
     for d in range(3):  # router forced to expert d: logits one-hot·1e4 -> top-2 weights (1, 0) exactly
@@ -439,23 +439,23 @@ def test_btx_parameter_counts_and_router_only_training():
     model = tiny_llama(layers=3)
     tok = CharTok()
     items = [{"instruction": f"{d} task {w}", "answer": w * 2, "domain": d}
-             for d in moce.BTX_DOMAINS for w in ["ab", "cd", "ef", "gh"]]
+             for d in moce.method.BTX_DOMAINS for w in ["ab", "cd", "ef", "gh"]]
     ex = moce.build_cache(model, tok, items, np.zeros(len(items), int), start=1, max_len=48)
     spec = moce.variant_spec("btx", 2, 3, rank=4)  # r = 8
-    res = moce.train_btx(model, spec, ex, ex[::4], layers=[1, 2], steps=3, batch_size=4, lr=5e-3, eval_every=1,
+    res = moce.experiment.train_btx(model, spec, ex, ex[::4], layers=[1, 2], steps=3, batch_size=4, lr=5e-3, eval_every=1,
                          train_experts=False)   # validation: one example per domain (each branch validates on its own)
     # branch: one dense adapter per layer, 2·d·r; mix stage (router only): |D|·d per layer
-    assert set(res.branches) == set(moce.BTX_DOMAINS)
+    assert set(res.branches) == set(moce.method.BTX_DOMAINS)
     assert all(b["trainable_params"] == 2 * (2 * 32 * 8) and b["steps"] == 3 for b in res.branches.values())
     assert res.params == {"adapter_params": 0, "router_params": 2 * 3 * 32, "trainable_params": 2 * 3 * 32}
     assert res.steps == 3 and [b["n_train"] for b in res.branches.values()] == [4, 4, 4]
     assert [b["n_val"] for b in res.branches.values()] == [1, 1, 1]
     with pytest.raises(ValueError, match="'code' has an empty validation split"):
-        moce.train_btx(model, spec, ex, ex[:3], layers=[1, 2], steps=1)
+        moce.experiment.train_btx(model, spec, ex, ex[:3], layers=[1, 2], steps=1)
     layer = moce.moce_layers(model)[0]
-    moce.uninstall(model)
+    moce.method.uninstall(model)
     moce.install(model, spec, [1, 2])
-    assert moce.count_parameters(model) == {"adapter_params": 2 * 3 * 2 * 32 * 8, "router_params": 2 * 3 * 32,
+    assert moce.method.count_parameters(model) == {"adapter_params": 2 * 3 * 2 * 32 * 8, "router_params": 2 * 3 * 32,
                                             "trainable_params": 2 * (3 * 2 * 32 * 8 + 3 * 32)}
     assert layer.experts.w_up.abs().sum() > 0  # the branches' trained adapters were merged in (W_up starts at 0)
 
@@ -463,16 +463,16 @@ def test_btx_parameter_counts_and_router_only_training():
 def test_btx_bad_input():
     ex = [{"domain": "maths"}, {"domain": "code"}, {"domain": "reasoning"}]
     with pytest.raises(ValueError, match="unknown BTX domain 'poetry'"):
-        moce.btx_domain_splits(ex, ["maths", "poetry"])
+        moce.data.btx_domain_splits(ex, ["maths", "poetry"])
     with pytest.raises(ValueError, match="'code' has an empty training split"):
-        moce.btx_domain_splits(ex[:1] + ex[2:], moce.BTX_DOMAINS)
+        moce.data.btx_domain_splits(ex[:1] + ex[2:], moce.method.BTX_DOMAINS)
     with pytest.raises(ValueError, match=">= 2 distinct"):
-        moce.btx_domain_splits(ex, ["maths", "maths"])
+        moce.data.btx_domain_splits(ex, ["maths", "maths"])
     model = tiny_llama()
     with pytest.raises(ValueError, match="one group of 3 experts"):
-        moce.train_btx(model, moce.variant_spec("pesc", 2, 2), ex, ex, layers=[1], steps=1)
+        moce.experiment.train_btx(model, moce.variant_spec("pesc", 2, 2), ex, ex, layers=[1], steps=1)
     with pytest.raises(ValueError, match="single dense adapter"):
-        moce.btx_merge_states([{"a.router.weight": torch.zeros(1, 2)}] * 2)
+        moce.method.btx_merge_states([{"a.router.weight": torch.zeros(1, 2)}] * 2)
 
 
 def test_k_sweep_wiring():

@@ -72,7 +72,7 @@ def test_early_stopping_matches_a_naive_walk_of_the_curve(patience, seed):
     rng = np.random.default_rng(seed)
     losses = list(np.round(2.0 - 0.1 * np.arange(12) + rng.normal(0, 0.25, 12), 2))   # falling, noisy, with ties
     m = _Param()
-    es = moce.EarlyStopping(patience)
+    es = moce.experiment.EarlyStopping(patience)
     stop_at = None
     for i, x in enumerate(losses):
         with torch.no_grad():
@@ -92,11 +92,11 @@ def test_early_stopping_matches_a_naive_walk_of_the_curve(patience, seed):
 
 def test_early_stopping_bad_input():
     with pytest.raises(ValueError, match="patience"):
-        moce.EarlyStopping(0)
+        moce.experiment.EarlyStopping(0)
     with pytest.raises(ValueError, match="diverged"):
-        moce.EarlyStopping(2).observe(1, float("nan"), _Param())
+        moce.experiment.EarlyStopping(2).observe(1, float("nan"), _Param())
     with pytest.raises(ValueError, match="nothing to restore"):
-        moce.EarlyStopping(2).restore(_Param())
+        moce.experiment.EarlyStopping(2).restore(_Param())
 
 
 def _curve_and_states(monkeypatch, curve):
@@ -117,7 +117,7 @@ def test_train_variant_stops_on_patience_and_restores_the_best_checkpoint(monkey
     # rounds of 4 steps, an evaluation every 2: 2 evaluations per round; the minimum at evaluation 3 (step 6)
     curve = [2.0, 1.8, 1.5, 1.52, 1.55, 1.51, 1.6, 1.7, 1.9, 2.0]
     states = _curve_and_states(monkeypatch, curve)
-    res = moce.train_variant(model, moce.variant_spec("pesc", 1, 2, rank=4), ex, ex[:3], layers=[2], steps=4,
+    res = moce.experiment.train_variant(model, moce.variant_spec("pesc", 1, 2, rank=4), ex, ex[:3], layers=[2], steps=4,
                              batch_size=4, lr=1e-2, eval_every=2, max_rounds=5, patience=3)
     ev = res.eval_history.val_loss.tolist()
     best_i, stop_i = naive_early_stop(ev, 3)
@@ -126,7 +126,7 @@ def test_train_variant_stops_on_patience_and_restores_the_best_checkpoint(monkey
     assert res.best_step == 6 and res.best_val_loss == 1.5 and res.steps == 4 * (len(ev) // 2)
     assert all(torch.equal(res.state[k], states[best_i][k]) for k in res.state)
     assert not all(torch.equal(res.state[k], states[-1][k]) for k in res.state)
-    live = moce.trainable_state(model)                                  # the model holds the restored weights too
+    live = moce.method.trainable_state(model)                                  # the model holds the restored weights too
     assert all(torch.equal(live[k], res.state[k]) for k in res.state)
     crit = moce.criterion_table([res], 1, 32)
     assert crit.stop_reason.tolist() == ["patience"] and crit.best_step.tolist() == [6]
@@ -137,12 +137,12 @@ def test_train_variant_budget_and_no_restore(monkeypatch):
     model = tiny_llama()
     ex = cached_examples(model)
     _curve_and_states(monkeypatch, [3.0 - 0.3 * i for i in range(10)])    # still falling fast: runs out of budget
-    res = moce.train_variant(model, moce.variant_spec("pesc", 1, 2, rank=4), ex, ex[:3], layers=[2], steps=2,
+    res = moce.experiment.train_variant(model, moce.variant_spec("pesc", 1, 2, rank=4), ex, ex[:3], layers=[2], steps=2,
                              batch_size=4, eval_every=1, max_rounds=3, patience=2)
     assert res.stop_reason == "budget" and not res.converged and res.steps == 6 and res.best_step == 6
     assert not res.restored_best and res.trend == "falling"
     with pytest.raises(ValueError, match="max_rounds"):
-        moce.train_variant(model, moce.variant_spec("pesc", 1, 2, rank=4), ex, ex[:3], layers=[2], steps=2,
+        moce.experiment.train_variant(model, moce.variant_spec("pesc", 1, 2, rank=4), ex, ex[:3], layers=[2], steps=2,
                            max_rounds=0)
 
 
@@ -152,10 +152,10 @@ def test_flattened_stops_only_a_curve_of_enough_evaluations(monkeypatch):
     curve = [2.0, 1.5, 1.49, 1.488, 1.487, 1.486, 1.4855, 1.485, 1.4849, 1.4848, 1.4847, 1.4846]
     _curve_and_states(monkeypatch, curve)
     for n in (4, 6):                                  # the rule already reads "flattened" on these short curves
-        assert moce.validation_trend(curve[:n])[0] == "flattened"
-    res = moce.train_variant(model, moce.variant_spec("pesc", 1, 2, rank=4), ex, ex[:3], layers=[2], steps=2,
+        assert moce.experiment.validation_trend(curve[:n])[0] == "flattened"
+    res = moce.experiment.train_variant(model, moce.variant_spec("pesc", 1, 2, rank=4), ex, ex[:3], layers=[2], steps=2,
                              batch_size=4, eval_every=1, max_rounds=6, patience=5)
-    assert len(res.eval_history) == moce.FLAT_MIN_EVALS == 8 and res.steps == 8
+    assert len(res.eval_history) == moce.experiment.FLAT_MIN_EVALS == 8 and res.steps == 8
     assert res.stop_reason == "flattened" and res.flat and res.best_step == 8
 
 
@@ -176,7 +176,7 @@ def test_rounds_continue_one_adamw_optimiser(monkeypatch):
 
     monkeypatch.setattr(moce.experiment.mtrain, "train", spy)
     _curve_and_states(monkeypatch, [3.0 - 0.3 * i for i in range(12)])
-    moce.train_variant(model, moce.variant_spec("pesc", 1, 2, rank=4), ex, ex[:3], layers=[2], steps=3,
+    moce.experiment.train_variant(model, moce.variant_spec("pesc", 1, 2, rank=4), ex, ex[:3], layers=[2], steps=3,
                        batch_size=4, eval_every=3, max_rounds=3)
     assert steps_seen == [[3.0], [6.0], [9.0]]
     # m_t = beta1 * m_{t-1} + (1 - beta1) g: a carried moment is not the one-step moment (1 - beta1) g of a restart
@@ -194,7 +194,7 @@ def test_plan_runs_a_a_arm_has_seeds_of_its_own():
     assert {(r["variant"], r["M"], r["N"], r["top_k"], r["domain"]) for r in aa} == \
         {(r["variant"], r["M"], r["N"], r["top_k"], r["domain"]) for r in main}      # identically configured
     spec = moce.variant_spec("pesc", 3, 4)
-    assert moce.run_identity(spec, aa[0]) != moce.run_identity(spec, main[0])        # so trained, not copied
+    assert moce.experiment.run_identity(spec, aa[0]) != moce.experiment.run_identity(spec, main[0])        # so trained, not copied
     with pytest.raises(ValueError, match="seeds of its own"):
         moce.plan_runs({**cfg, "extra": [dict(label="pesc_aa", variant="pesc", seed_offset=1)]}, 3)
 
@@ -229,10 +229,10 @@ def test_evaluate_runs_caches_each_model(monkeypatch, tmp_cache):
     model = tiny_llama(len(tok))
     spec = moce.variant_spec("moce", 2, 2, rank=4)
     moce.install(model, spec, [2])
-    res = moce.VariantResult(spec=spec, seed=0, state=moce.trainable_state(model), history=pd.DataFrame(),
+    res = moce.experiment.VariantResult(spec=spec, seed=0, state=moce.method.trainable_state(model), history=pd.DataFrame(),
                              eval_history=pd.DataFrame({"step": [1], "val_loss": [1.0]}), flat=False,
                              rel_fall=float("nan"), params={}, wall_s=0.0, steps=1)
-    moce.uninstall(model)
+    moce.method.uninstall(model)
     items = [dict(it, id=f"i{j}") for j, it in enumerate(ITEMS[:4])]
     groups = {2: np.array([0, 1, 1, 0])}
     a = moce.evaluate_runs(model, tok, [None, res], items, groups, [], None, {}, [2], cache_config={"model": "t"})
@@ -246,7 +246,7 @@ def test_evaluate_runs_caches_each_model(monkeypatch, tmp_cache):
     moce.evaluate_runs(model, tok, [res], items, moved, [], None, {}, [2], cache_config={"model": "t"})
     assert calls == [1]
     # one run trained under two labels (seq_only = moce_N1) is scored once; its rows carry both names
-    twin = moce.VariantResult(**{**res.__dict__, "spec": moce.MoCESpec(**{**res.spec.__dict__, "name": "twin"})})
+    twin = moce.experiment.VariantResult(**{**res.__dict__, "spec": moce.method.MoCESpec(**{**res.spec.__dict__, "name": "twin"})})
     calls.clear()
     c = moce.evaluate_runs(model, tok, [res, twin], items, moved, [], None, {}, [2])
     assert calls == [1] and c.variant.tolist() == ["moce"] * 4 + ["twin"] * 4
@@ -273,7 +273,7 @@ def test_seed_means_table_matches_a_naive_loop():
 def test_dependence_table_reports_the_test_and_the_concentration():
     counts = pd.DataFrame([[30, 0, 2], [1, 25, 4], [20, 2, 0]], index=["code", "gsm", "math_qa"], columns=[0, 1, 2])
     t = moce.dependence_table(counts, "task x cluster", n_shuffles=300).iloc[0]
-    r = moce.independence_test(counts.to_numpy(), n_shuffles=300)
+    r = moce.report.independence_test(counts.to_numpy(), n_shuffles=300)
     assert t.cramers_v == pytest.approx(nb01_moce.cramers_v(counts.to_numpy()))
     assert t.v_minus_null == pytest.approx(r["ours"]) and t.p_permutation == pytest.approx(r["p"])
     shares = [30 / 32, 25 / 30, 20 / 22]                                  # naive: each row's share in its top column
@@ -338,7 +338,7 @@ def test_group_context_keeps_a_batch_tensor_on_its_device():
     with moce.group_context(model, gid, token_mask=None):
         assert layer.group_ids.device.type == "meta" and layer.group_ids.dtype == torch.long
     assert layer.group_ids is None
-    moce.set_group_ids(model, gid)
+    moce.method.set_group_ids(model, gid)
     assert layer.group_ids.device.type == "meta"
     x = torch.randn(2, 3, 32)
     outs = []
@@ -357,11 +357,11 @@ def test_moce_training_step_under_bf16_autocast():
     (layer,) = moce.install(model, spec, [2])
     with torch.no_grad():
         layer.experts.w_up.normal_(0, 0.3)
-    batch = moce.collate(cached_examples(model, groups=np.array([0, 1] * 6))[:4])
+    batch = moce.data.collate(cached_examples(model, groups=np.array([0, 1] * 6))[:4])
     stack = moce.TopStack(model, 2)
-    ref, _ = moce.make_loss_fn(spec)(stack, batch)
+    ref, _ = moce.experiment.make_loss_fn(spec)(stack, batch)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss, _ = moce.make_loss_fn(spec)(stack, batch)
+        loss, _ = moce.experiment.make_loss_fn(spec)(stack, batch)
     loss.backward()
     assert float(loss.detach()) == pytest.approx(float(ref.detach()), rel=0.05)
     assert layer.experts.w_down.grad.dtype == torch.float32 and layer.experts.w_down.grad.abs().sum() > 0
@@ -376,7 +376,7 @@ def test_cuda_early_stopping_carries_the_optimiser_and_restores_the_best(monkeyp
     ex = cached_examples(model)
     curve = [2.0, 1.8, 1.5, 1.52, 1.55, 1.51, 1.6, 1.7, 1.9, 2.0]
     states = _curve_and_states(monkeypatch, curve)
-    res = moce.train_variant(model, moce.variant_spec("pesc", 1, 2, rank=4), ex, ex[:3], layers=[2], steps=4,
+    res = moce.experiment.train_variant(model, moce.variant_spec("pesc", 1, 2, rank=4), ex, ex[:3], layers=[2], steps=4,
                              batch_size=4, lr=1e-2, eval_every=2, max_rounds=5, patience=3, device="cuda")
     assert res.stop_reason == "patience" and res.best_step == 6 and res.steps == 12
     assert all(torch.equal(res.state[k], states[2][k].cpu()) for k in res.state)

@@ -81,13 +81,13 @@ def test_rising_validation_loss_is_never_flattened():
     flat = [2.0, 1.6, 1.45, 1.41, 1.40, 1.40, 1.399, 1.399, 1.398, 1.398]
     falling = [2.0, 1.9, 1.8, 1.7, 1.6, 1.5, 1.4, 1.3, 1.2, 1.1]
     assert not mtrain.flattened(rising)[0]                   # the suite's rule agrees: a rising loss is not flattened
-    assert moce.validation_trend(rising)[0] == "rising" and moce.validation_flattened(rising) == (False, pytest.approx(
+    assert moce.experiment.validation_trend(rising)[0] == "rising" and moce.experiment.validation_flattened(rising) == (False, pytest.approx(
         mtrain.flattened(rising)[1]))
-    assert moce.validation_trend(flat)[0] == "flattened" and moce.validation_flattened(flat)[0]
-    assert moce.validation_trend(falling)[0] == "falling" and not moce.validation_flattened(falling)[0]
-    assert moce.validation_trend([1.0, 0.9, 0.8]) == ("too short", pytest.approx(float("nan"), nan_ok=True))
+    assert moce.experiment.validation_trend(flat)[0] == "flattened" and moce.experiment.validation_flattened(flat)[0]
+    assert moce.experiment.validation_trend(falling)[0] == "falling" and not moce.experiment.validation_flattened(falling)[0]
+    assert moce.experiment.validation_trend([1.0, 0.9, 0.8]) == ("too short", pytest.approx(float("nan"), nan_ok=True))
     tiny_rise = [1.0] * 8 + [1.0001, 1.0002]                 # any rise, however small, is not "flattened"
-    assert moce.validation_trend(tiny_rise)[0] == "rising"
+    assert moce.experiment.validation_trend(tiny_rise)[0] == "rising"
 
 
 def test_train_variant_reports_the_trend_and_stops_on_a_rise(monkeypatch):
@@ -97,7 +97,7 @@ def test_train_variant_reports_the_trend_and_stops_on_a_rise(monkeypatch):
                           start=2, max_len=64)
     curve = iter([2.0, 1.8, 1.7, 1.75, 1.8, 1.9, 2.0, 2.1, 2.2, 2.3] * 3)
     monkeypatch.setattr(moce.experiment, "per_item_nll", lambda st, va: np.array([next(curve)]))
-    res = moce.train_variant(model, moce.variant_spec("pesc", 1, 2, rank=4), ex, ex[:2], layers=[2], steps=9,
+    res = moce.experiment.train_variant(model, moce.variant_spec("pesc", 1, 2, rank=4), ex, ex[:2], layers=[2], steps=9,
                              batch_size=4, eval_every=1, max_rounds=3)
     assert res.trend == "rising" and not res.flat and res.steps == 9      # no second round after a rise
     crit = moce.criterion_table([res], 1, 32)
@@ -148,11 +148,11 @@ def test_without_token_routing_is_the_papers_4x1_rank64():
     assert (seq.num_groups, seq.experts_per_group, seq.top_k, seq.rank) == (4, 1, 1, 64)
     main = moce.variant_spec("moce", num_groups=4, experts_per_group=4, rank=64)
     d, L = 576, 2
-    assert moce.active_adapter_params(seq, d, L) == moce.active_adapter_params(main, d, L) // 2   # k=1 vs k=2
+    assert moce.method.active_adapter_params(seq, d, L) == moce.method.active_adapter_params(main, d, L) // 2   # k=1 vs k=2
     n1 = moce.variant_spec("moce", num_groups=4, experts_per_group=1, rank=64, top_k=1)   # Table 3's 4x1
     run = dict(k_clusters=4, seed=0, variant="moce", domain=None)
-    assert moce.run_identity(seq, dict(run, variant="seq_only")) == moce.run_identity(n1, run)
-    assert moce.run_identity(main, run) != moce.run_identity(n1, run)
+    assert moce.experiment.run_identity(seq, dict(run, variant="seq_only")) == moce.experiment.run_identity(n1, run)
+    assert moce.experiment.run_identity(main, run) != moce.experiment.run_identity(n1, run)
     model = tiny_llama(64, layers=3)
     layer = moce.install(model, seq, [2])[0]
     assert layer.router is None and layer.experts.w_down.shape == (4, 64, 32)
@@ -205,7 +205,7 @@ def test_training_and_scoring_inputs_have_identical_tokens(family, smollm2, bos_
     else:
         tok = bos_tok
         model, start = tiny_gemma3(len(tok)), 2
-    pairs = [(moce.prompt_text(tok, it["instruction"]), it["answer"]) for it in ITEMS]
+    pairs = [(moce.data.prompt_text(tok, it["instruction"]), it["answer"]) for it in ITEMS]
     scored, df = _scored_requests(monkeypatch, model, tok, pairs)
     ex = moce.build_cache(model, tok, ITEMS, np.zeros(len(ITEMS), int), start=start, max_len=128)
     for e, (ctx, ans) in zip(ex, scored):
@@ -222,7 +222,7 @@ def test_training_and_scoring_inputs_have_identical_tokens(family, smollm2, bos_
 
 
 def test_long_prompt_truncation_keeps_the_bos(bos_tok):
-    ex = moce.tokenize_example(bos_tok, {"instruction": "word " * 300, "answer": "yes"}, max_len=64)
+    ex = moce.data.tokenize_example(bos_tok, {"instruction": "word " * 300, "answer": "yes"}, max_len=64)
     assert ex["truncated"] and ex["input_ids"][0] == bos_tok.bos_token_id and len(ex["input_ids"]) <= 64
     with pytest.raises(ValueError, match="empty reference answer"):
         encoding.encode_pair(bos_tok, "ctx", "")
@@ -232,8 +232,8 @@ def test_long_prompt_truncation_keeps_the_bos(bos_tok):
                     reason="Gemma-3-270M is installed by `make figures` only")
 def test_real_gemma3_tokenizer_trains_with_bos():
     tok = AutoTokenizer.from_pretrained(str(assets.gemma3_path()))
-    out = moce.tokenize_example(tok, ITEMS[0], max_len=64)
-    ctx, ans = encoding.encode_pair(tok, moce.prompt_text(tok, ITEMS[0]["instruction"]), ITEMS[0]["answer"])
+    out = moce.data.tokenize_example(tok, ITEMS[0], max_len=64)
+    ctx, ans = encoding.encode_pair(tok, moce.data.prompt_text(tok, ITEMS[0]["instruction"]), ITEMS[0]["answer"])
     assert out["input_ids"].tolist() == ctx + ans + [tok.eos_token_id] and ctx[0] == tok.bos_token_id
 
 
@@ -253,7 +253,7 @@ def test_batched_request_hook_equals_one_request_at_a_time(smollm2):
     model = with_random_moce(tiny_llama(len(tok)), moce.variant_spec("moce", 2, 2, rank=4), [2, 3])
     reqs = (_requests("bb_date_understanding", 2) + _requests("bb_sports_understanding", 3)
             + _requests("nll_maths", 3))
-    hook = moce.make_request_hook(model, lambda text: len(text) % 2)
+    hook = moce.experiment.make_request_hook(model, lambda text: len(text) % 2)
     assert callable(hook.for_batch)
     batched = lmeval.FastHFLM(pretrained=model, tokenizer=tok, batch_size=4, request_hook=hook)
     one_by_one = lmeval.FastHFLM(pretrained=model, tokenizer=tok, batch_size=4, request_hook=lambda c: hook(c))
@@ -263,7 +263,7 @@ def test_batched_request_hook_equals_one_request_at_a_time(smollm2):
     np.testing.assert_allclose([x for x, _ in a], [x for x, _ in b], atol=1e-4)
     assert [g for _, g in a] == [g for _, g in b]
     # the cluster matters: every request in cluster 0 scores differently
-    const = moce.make_request_hook(model, lambda text: 0)
+    const = moce.experiment.make_request_hook(model, lambda text: 0)
     c = lmeval.FastHFLM(pretrained=model, tokenizer=tok, batch_size=4, request_hook=const).loglikelihood(reqs)
     assert not np.allclose([x for x, _ in a], [x for x, _ in c], atol=1e-4)
 
@@ -273,17 +273,17 @@ def test_evaluate_runs_batched_equals_per_item(smollm2):
     model = tiny_llama(len(tok))
     spec = moce.variant_spec("moce", 2, 2, rank=4)
     with_random_moce(model, spec, [2, 3])
-    res = moce.VariantResult(spec=spec, seed=0, state=moce.trainable_state(model), history=pd.DataFrame(),
+    res = moce.experiment.VariantResult(spec=spec, seed=0, state=moce.method.trainable_state(model), history=pd.DataFrame(),
                              eval_history=pd.DataFrame({"step": [0], "val_loss": [1.0]}), flat=False,
                              rel_fall=float("nan"), params={}, wall_s=0.0, steps=0)
     items = [dict(it, id=f"i{j}", instruction=it["instruction"] + " " * (j // 4)) for j, it in enumerate(ITEMS * 2)]
     groups = np.array([0, 1, 1, 0, 1, 0, 0, 1])
     scores = moce.evaluate_runs(model, tok, [None, res], items, {2: groups}, [], None, {}, [2, 3], batch_size=4)
-    moce.load_variant(model, res, [2, 3])
+    moce.experiment.load_variant(model, res, [2, 3])
     ref = []
     for it, g in zip(items, groups):       # one item at a time, its cluster set before the forward pass
-        moce.set_group_ids(model, [g])
-        ref += lmeval.domain_nll(model, tok, [(moce.prompt_text(tok, it["instruction"]), it["answer"])]).bpb.tolist()
+        moce.method.set_group_ids(model, [g])
+        ref += lmeval.domain_nll(model, tok, [(moce.data.prompt_text(tok, it["instruction"]), it["answer"])]).bpb.tolist()
     got = scores[scores.variant == "moce"].sort_values("item_id").score.to_numpy()
     order = np.argsort([it["id"] for it in items])
     np.testing.assert_allclose(got, np.array(ref)[order], atol=1e-5)
@@ -325,7 +325,7 @@ def test_cuda_batched_hook_and_top1_layer_equal_cpu(tok):
     reqs = _standin_requests()
     scores = []
     for m in (cpu, gpu):
-        hook = moce.make_request_hook(m, lambda text: len(text) % 2)
+        hook = moce.experiment.make_request_hook(m, lambda text: len(text) % 2)
         scores.append([x for x, _ in lmeval.FastHFLM(pretrained=m, tokenizer=tok, batch_size=4,
                                                      request_hook=hook).loglikelihood(reqs)])
     np.testing.assert_allclose(scores[1], scores[0], atol=1e-3)

@@ -219,7 +219,7 @@ def find_knee(ks, sse, method: str = "auto") -> dict:
                 return {"k": int(knee), "method": "kneed.KneeLocator(convex, decreasing)"}
             if method == "kneed":
                 raise ValueError("kneed found no knee in this SSE curve")
-    # k and SSE scaled to [0, 1], the k farthest from the chord joining the ends (moelab.stats; issue 18, item 7)
+    # k and SSE scaled to [0, 1], the k farthest from the chord joining the ends (moelab.stats)
     return {"k": int(elbow_max_chord(ks, sse)), "method": "max distance to the chord (normalised SSE curve)"}
 
 

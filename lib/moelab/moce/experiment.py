@@ -24,20 +24,22 @@ from torch.utils.data import DataLoader
 
 from moelab import assets, cache, progress
 from moelab import train as mtrain
-from moelab.moce.clustering import (ClusterModel, context_instruction, elbow_curve, embed_texts, find_knee,
-                                    fit_clusters, instruction_texts)
-from moelab.moce.data import (btx_domain_splits, build_cache, collate, prompt_text, subsample, with_groups)
+from moelab.moce.clustering import (ClusterModel, cluster_predictor, context_instruction, elbow_curve, embed_texts,
+                                    find_knee, fit_clusters, instruction_texts)
+from moelab.moce.data import (btx_domain_splits, build_cache, collate, load_paper_mix, load_paper_model,
+                              paper_encoder_path, prompt_text, subsample, with_groups)
 from moelab.moce.method import (BTX_DOMAINS, MoCESpec, aux_loss, btx_branch_spec, btx_merge_states, group_context,
                                 install, moce_layers, set_group_ids, top_layer_ids, trainable_state, uninstall,
                                 variant_spec, count_parameters)
-from moelab.moce.report import criterion_table
+from moelab.moce.report import criterion_table, summarize_scores
 from moelab.moce.trunk import TopStack, trunk_memo
 from moelab.suite import instruct, lmeval, scorecard, scorer
 
 __all__ = ["make_loss_fn", "per_item_nll", "validation_trend", "validation_flattened", "EarlyStopping",
            "STOP_REASONS", "FLAT_MIN_EVALS", "VariantResult", "train_variant", "load_variant", "train_btx",
            "plan_runs", "run_identity", "train_runs", "RequestHook", "make_request_hook", "lm_tasks_for",
-           "evaluate_runs", "RUN_DEFAULTS", "run_from_config"]
+           "evaluate_runs", "RUN_DEFAULTS", "run_from_config", "load_instruction_mix", "split_items", "moce_encoder",
+           "load_backbone", "cache_trunk", "cluster_groups", "gemma_experiment"]
 
 
 def make_loss_fn(spec: MoCESpec):
@@ -51,7 +53,7 @@ def make_loss_fn(spec: MoCESpec):
         n = (batch["labels"][:, 1:] != -100).sum().clamp_min(1)
         ce = nll.sum() / n
         loss = ce + spec.balance_coef * aux
-        # task_loss: the answer-token CE alone, whose router gradient the trainer logs (issue 15, item 1)
+        # task_loss: the answer-token CE alone, whose router gradient the trainer logs
         return loss, {"ce": float(ce.detach()), "aux": float(aux.detach()) if torch.is_tensor(aux) else float(aux),
                       "task_loss": ce}
 
@@ -61,7 +63,7 @@ def make_loss_fn(spec: MoCESpec):
 def per_item_nll(stack: TopStack, examples: list[dict], batch_size: int = 16) -> np.ndarray:
     """Mean answer-token NLL (nats/token) per example, cluster id set per sequence   [n].
 
-    Scored by ``moelab.suite.scorer`` (issue 17) on the cached trunk states: the answer is the labelled tail of each
+    Scored by ``moelab.suite.scorer`` on the cached trunk states: the answer is the labelled tail of each
     example (position t predicts ``labels[t + 1]``), batches by length, the LM head only on answer positions."""
     reqs = []
     for i, e in enumerate(examples):
@@ -97,8 +99,8 @@ def validation_trend(losses, window_frac: float = 0.2, tol: float = 0.02) -> tup
 
 
 def validation_flattened(losses, window_frac: float = 0.2, tol: float = 0.02) -> tuple[bool, float]:
-    """``moelab.train.flattened`` for a validation loss, except that a rising loss is never "flattened" (issue 20,
-    item 2): ``(trend == "flattened", relative_fall)`` of :func:`validation_trend`."""
+    """``moelab.train.flattened`` for a validation loss, except that a rising loss is never "flattened":
+    ``(trend == "flattened", relative_fall)`` of :func:`validation_trend`."""
     trend, fall = validation_trend(losses, window_frac, tol)
     return trend == "flattened", fall
 
@@ -111,7 +113,7 @@ FLAT_MIN_EVALS = 8
 
 @dataclass
 class EarlyStopping:
-    """Early stopping on the validation loss that keeps the best checkpoint (issue 20, item 2).
+    """Early stopping on the validation loss that keeps the best checkpoint.
 
     :meth:`observe` is called after every evaluation with the step, the validation loss and the model: a loss below
     every earlier one makes the model's trainable tensors (:func:`trainable_state`) the best checkpoint and resets the
@@ -208,7 +210,7 @@ def train_variant(model, spec: MoCESpec, train_ex: list[dict], val_ex: list[dict
 
     Training runs in rounds of ``steps`` steps (up to ``max_rounds``); each later round continues the same AdamW
     optimiser (its moments and step count; warmup only in the first round, then a constant learning rate) on a new
-    shuffle of the data. Early stopping on validation (issue 20, item 2), checked after each round: the validation
+    shuffle of the data. Early stopping on validation, checked after each round: the validation
     loss has flattened (:func:`validation_trend` over all evaluations so far, at least :data:`FLAT_MIN_EVALS` of them:
     a fall of less than 2 % over the last 20 %), or ``patience`` evaluations brought no new minimum
     (:class:`EarlyStopping`); without ``patience``, a rising loss stops too (with it, a rise stops training only once
@@ -616,3 +618,90 @@ def run_from_config(config: dict) -> pd.DataFrame:
     groups_by_k.update({kc: (c.predict(emb[: len(train_items)]), c.predict(emb_va)) for kc, c in cms.items()})
     results = train_runs(model, runs, train_ex, val_ex, groups_by_k, layers=layers, cfg=cfg, cache_config=ccfg)
     return criterion_table(results, len(layers), model.config.hidden_size).assign(clusters_k=int(k))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The notebook's steps (01 sections 1-6): the paper / stand-in choice, the data splits, the cached trunk, the groups
+# ---------------------------------------------------------------------------------------------------------------------
+def load_instruction_mix(suite_profile: str, data_paths: dict | None = None, paper_data: bool = False) -> dict:
+    """§1 of notebook 01: the instruction mix. ``paper_data``: the paper's three sets from ``data_paths``
+    (:func:`moelab.moce.data.load_paper_mix`) with the suite's ``full`` evaluation pool as test; otherwise the suite's
+    mix with equal training / validation counts per domain at the size table ``suite_profile``
+    (``moelab.suite.instruct.build_balanced``)."""
+    if paper_data:
+        data = load_paper_mix(data_paths or {})
+        data["test"] = instruct.build("full")["test"]
+        return data
+    return instruct.build_balanced(suite_profile)
+
+
+def split_items(data: dict, *, n_cluster: int, n_train: int | None, n_val: int, n_test_per_domain: int,
+                seed: int) -> dict:
+    """The items a run uses, balanced by domain: ``cluster`` (``n_cluster`` training items to cluster), ``train`` (a
+    prefix of them, balanced too: :func:`subsample` interleaves, and embedded already), ``validation`` and ``test``
+    (``n_test_per_domain`` per domain of the evaluation pool)."""
+    clu = subsample(data["train"], n_cluster, seed=seed, by="domain")
+    return {"cluster": clu, "train": clu[:n_train],
+            "validation": subsample(data["validation"], n_val, seed=seed, by="domain"),
+            "test": subsample(data["test"], 3 * n_test_per_domain, seed=seed, by="domain")}
+
+
+def moce_encoder(paper_data: bool = False, encoder_path=None) -> str:
+    """The encoder MoCE clusters with: E5 (the MoCE-E5 row of Table 1; ``multilingual-e5-small`` here), or with
+    ``paper_data`` e5-large-v2 from the local folder ``encoder_path`` (``MissingAsset`` when absent)."""
+    return paper_encoder_path(encoder_path) if paper_data else "e5"
+
+
+def load_backbone(paper_data: bool = False, model_path=None):
+    """``(model, tokenizer, name)``: SmolLM2-135M-Instruct, or with ``paper_data`` Llama-2-7b-chat from the local
+    folder ``model_path`` (name "paper")."""
+    if paper_data:
+        return (*load_paper_model(model_path), "paper")
+    return (*assets.load_smollm2(), "smollm2-135m-instruct")
+
+
+def cache_trunk(model, tok, train_items: list[dict], val_items: list[dict], *, n_top, max_len: int,
+                cache_config: dict):
+    """§3 of notebook 01: the adapted top ``n_top`` blocks and the frozen lower blocks' outputs of the training and
+    validation sequences, computed once and cached (:func:`build_cache`). Returns (layers, train_ex, val_ex)."""
+    layers = top_layer_ids(model, n_top)
+    start = min(layers)  # first adapted block: blocks below it are frozen and cached
+    train_ex = build_cache(model, tok, train_items, np.zeros(len(train_items), int), start, max_len, cache_config)
+    val_ex = build_cache(model, tok, val_items, np.zeros(len(val_items), int), start, max_len, cache_config)
+    return layers, train_ex, val_ex
+
+
+def cluster_groups(study: dict, encoder: str, k: int, runs: list[dict], items: dict, seed: int) -> dict:
+    """The sequence-level routing (Stage 1) of every planned run: the k-means model per cluster count the runs need
+    (the elbow's from ``study``, the others fitted on the same embeddings), the group ids of the training and
+    validation items per k (k = 1: one group) and of the test items, and each k's predictor for scoring."""
+    ks_needed = sorted({r["k_clusters"] for r in runs} | {k})
+    cm = study["clusters"][encoder]
+    cms = {kc: (cm if kc == k else fit_clusters(study["emb"][encoder], kc, seed=seed)) for kc in ks_needed}
+    emb_tr = embed_texts(instruction_texts(items["train"]), encoder)
+    emb_va = embed_texts(instruction_texts(items["validation"]), encoder)
+    emb_te = embed_texts(instruction_texts(items["test"]), encoder)
+    groups_by_k = {1: (np.zeros(len(items["train"]), int), np.zeros(len(items["validation"]), int))}
+    groups_by_k.update({kc: (c.predict(emb_tr), c.predict(emb_va)) for kc, c in cms.items()})
+    return {"models": cms, "train_val": groups_by_k, "test": {kc: c.predict(emb_te) for kc, c in cms.items()},
+            "predictors": {kc: cluster_predictor(c, encoder) for kc, c in cms.items()}}
+
+
+def gemma_experiment(runs: list[dict], items: dict, groups: dict, encoder: str, cfg: dict, cache_config: dict) -> dict:
+    """§6 of notebook 01: PESC and MoCE (``cfg["gemma_variants"]``, seeds ``cfg["gemma_seeds"]``) on Gemma-3-270M with
+    the same clusters, training data, early stopping and adapter sizes, scored on ``gemma_test_per_domain`` held-out
+    answers per domain. Returns the criterion, per-item scores and summary tables and what was run."""
+    gmodel, gtok = assets.load_gemma3()
+    layers, g_train, g_val = cache_trunk(gmodel, gtok, items["train"], items["validation"], n_top=cfg["n_top"],
+                                         max_len=cfg["max_len"], cache_config=cache_config)
+    g_runs = [r for r in runs if r["label"] in cfg["gemma_variants"] and r["seed"] in cfg["gemma_seeds"]]
+    results = train_runs(gmodel, g_runs, g_train, g_val, groups["train_val"], layers=layers, cfg=cfg,
+                         cache_config=cache_config)
+    test = subsample(items["test"], 3 * cfg["gemma_test_per_domain"], seed=cfg["seeds"][0], by="domain")
+    emb = embed_texts(instruction_texts(test), encoder)
+    lm, _ = lm_tasks_for("gemma-3-270m", cfg["lm_tasks_max"])
+    g_groups = {k: c.predict(emb) for k, c in groups["models"].items()}
+    scores = evaluate_runs(gmodel, gtok, [None] + results, test, g_groups, lm, cfg["lm_limit"], groups["predictors"],
+                           layers, cache_config=cache_config)
+    return {"criterion": criterion_table(results, len(layers), gmodel.config.hidden_size), "scores": scores,
+            "summary": summarize_scores(scores), "layers": layers, "n_test": len(test), "lm_tasks": lm}

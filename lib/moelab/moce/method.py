@@ -297,7 +297,7 @@ def aux_loss(model) -> torch.Tensor:
 def _group_tensor(group_ids) -> torch.Tensor | None:
     """Cluster ids as a long tensor [B]. A tensor keeps its device: a training batch's ``group_ids`` that Accelerate
     moved to the GPU is never copied to the host (``np.asarray`` on it raised "can't convert cuda:0 device type tensor
-    to numpy", issue 33); lists and arrays become CPU tensors (the layer moves them to the tokens' device)."""
+    to numpy"); lists and arrays become CPU tensors (the layer moves them to the tokens' device)."""
     if group_ids is None:
         return None
     if isinstance(group_ids, torch.Tensor):

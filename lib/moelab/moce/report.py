@@ -1,6 +1,6 @@
 """MoCE's tables and figures, from the experiment's saved results (Eo et al. Table 1, Table 3, Table 4, Fig. 2,
 Fig. 4, Fig. 5, App. B; notebook ``notebooks/01_moce.py``). The claims are computed from these tables by
-``moelab.claims.defs.nb01_moce``.
+``moelab.moce.claims``.
 """
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ from moelab.stats import bootstrap_ci
 __all__ = ["plot_elbow", "plot_projection", "plot_cluster_distribution", "curves_table", "criterion_table",
            "plot_curves", "plot_table1", "k_sweep_labels", "k_sweep_table", "plot_k_sweep", "paired_scores",
            "summarize_scores", "seed_means_table", "cramers_v", "independence_test", "concentration",
-           "dependence_table"]
+           "dependence_table", "domain_counts_table", "domain_counts_sentence", "domain_cluster_counts",
+           "knee_sentence", "within_domain_sentence", "fig5_sentence", "training_sentence", "pooled_sentence",
+           "ablation_table", "k_sweep_sentence", "aa_sentence", "ABLATION_ROWS"]
 
 Z975, Z80 = 1.959964, 0.841621  # standard normal quantiles for the MDE of the independence test (5% two-sided, 80%)
 
@@ -208,7 +210,7 @@ def summarize_scores(scores):
 
 def seed_means_table(scores, metric: str = "bpb", task_prefix: str = "nll_"):
     """Per variant and seed: the mean score over the held-out items of each domain and over all of them (``pooled``),
-    items averaged within the seed (the seed is the unit of replication of a trained model; issue 14, item 4).
+    items averaged within the seed (the seed is the unit of replication of a trained model).
     Columns: variant, seed, domain (``code``, ``maths``, ``reasoning``, ``pooled``), n_items, mean."""
     s = scores[(scores.metric == metric) & scores.task.astype(str).str.startswith(task_prefix)]
     if s.empty:
@@ -223,7 +225,7 @@ def seed_means_table(scores, metric: str = "bpb", task_prefix: str = "nll_"):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Dependence between a label (evaluation task, source domain) and the cluster (Fig. 2 / App. C, Fig. 5; issue 20 item 5)
+# Dependence between a label (evaluation task, source domain) and the cluster (Fig. 2 / App. C, Fig. 5)
 # ---------------------------------------------------------------------------------------------------------------------
 def cramers_v(counts: np.ndarray) -> float:
     """Cramér's V of a contingency table, all-zero rows and columns dropped: sqrt(chi2 / (n (min(r, c) - 1)))."""
@@ -238,7 +240,7 @@ def cramers_v(counts: np.ndarray) -> float:
 
 
 def independence_test(counts: np.ndarray, n_shuffles: int = 2000, seed: int = 0) -> dict:
-    """Row (task or domain) x cluster dependence against a shuffled-label null (issue 20 item 5).
+    """Row (task or domain) x cluster dependence against a shuffled-label null.
 
     ``ours`` = Cramér's V minus its mean under shuffled cluster labels (0 = no dependence); the interval is the
     2.5-97.5 percentile of V over a bootstrap of items within each row (row sizes fixed) minus the same null mean;
@@ -284,3 +286,120 @@ def dependence_table(counts: pd.DataFrame, what: str, n_shuffles: int = 2000) ->
                           "ci_low": r["ci_low"], "ci_high": r["ci_high"], "mde": r["mde"], "p_permutation": r["p"],
                           "median_top_share": float(share.median()), "distinct_top_clusters": int(
                               counts.idxmax(axis=1).nunique())}])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The notebook's tables and computed sentences (01 sections 1-7)
+# ---------------------------------------------------------------------------------------------------------------------
+DOMAINS = ("maths", "code", "reasoning")
+# Table 3 / Table 4 rows in the paper's order (those of the run are shown)
+ABLATION_ROWS = ("moce", "pesc", "moce_N1", "moce_N2", "moce_top1", "moce_soft", "seq_only", "moce_gen", "dense",
+                 "btx", "specialised_maths", "specialised_code", "specialised_reasoning")
+
+
+def domain_counts_table(pool: pd.DataFrame, used: pd.DataFrame) -> pd.DataFrame:
+    """§1: records per domain and split, the pool (``stage`` "pool") and what the run uses ("used"), from two
+    ``moelab.suite.instruct.domain_counts`` tables."""
+    return pd.concat([pool.assign(stage="pool"), used.assign(stage="used")], ignore_index=True)
+
+
+def domain_counts_sentence(counts: pd.DataFrame) -> str:
+    """§1: the used counts per domain and split, and the smallest domain's share of the largest."""
+    used = counts[counts.stage == "used"]
+    per = "; ".join(f"{s} " + " / ".join(str(int(g.set_index("domain").n[d])) for d in DOMAINS)
+                    for s, g in used.groupby("split", sort=False))
+    return (f"Used per domain (maths / code / reasoning): {per}; the smallest domain of each split holds "
+            f"{used.ratio_to_max.min():.2f} of the largest.")
+
+
+def domain_cluster_counts(points: pd.DataFrame, projection: str, moce_encoder: str) -> pd.DataFrame:
+    """§1 (Fig. 2, App. C): training instructions per (encoder, source domain, elbow cluster), counted on one
+    projection's points, with ``used_by_moce`` marking the encoder MoCE clusters with."""
+    pts = points[points.projection == projection]
+    dc = pts.groupby(["encoder", "domain", "cluster"]).size().rename("count").reset_index()
+    return dc.assign(used_by_moce=dc.encoder == moce_encoder)
+
+
+def knee_sentence(metrics: pd.DataFrame, items: Sequence[dict]) -> str:
+    """§1 (App. B, App. C): each encoder's knee and its purity / NMI against the source domains, beside the purity of
+    a single cluster."""
+    single = pd.Series([i["domain"] for i in items]).value_counts(normalize=True).max()
+    return ("Knees: " + "; ".join(f"**{r.encoder}**: k = {r.k} ({r.knee_method})" for r in metrics.itertuples())
+            + ". Against the three source domains: "
+            + "; ".join(f"{r.encoder} purity {r.purity:.2f}, NMI {r.nmi:.2f}" for r in metrics.itertuples())
+            + f" (a single cluster would have purity {single:.2f}).")
+
+
+def within_domain_sentence(within: pd.DataFrame, dep: pd.DataFrame, moce_encoder: str) -> str:
+    """§1 (App. C): each domain's share in its majority cluster, and the domain x cluster dependence test."""
+    return ("Within each domain, the share of its instructions that fall in its majority cluster: "
+            + "; ".join(f"{r.encoder}/{r.domain} {r.majority_share:.2f} over {r.clusters_used} clusters"
+                        for r in within.itertuples())
+            + f". Domain and {moce_encoder} cluster are dependent by Cramér's V {dep.cramers_v.iloc[0]:.2f} against "
+            f"{dep.null_mean_v.iloc[0]:.3f} under shuffled labels (permutation p = {dep.p_permutation.iloc[0]:.4f}).")
+
+
+def fig5_sentence(dep: pd.DataFrame, dist: pd.DataFrame, k: int) -> str:
+    """§2 (Fig. 5): the task x cluster dependence with its interval and MDE, and the concentration."""
+    top = dist.sort_values("share", ascending=False).groupby("task").head(1)
+    d = dep.iloc[0]
+    return (f"Task and cluster: Cramér's V **{d.cramers_v:.2f}** against {d.null_mean_v:.3f} under shuffled labels "
+            f"(V minus null {d.v_minus_null:+.3f}, 95% interval [{d.ci_low:+.3f}, {d.ci_high:+.3f}], MDE {d.mde:.3f}, "
+            f"permutation p = {d.p_permutation:.4f}, {int(d.n)} prompts). Concentration: median share of a task's "
+            f"prompts in its top cluster **{d.median_top_share:.2f}** (uniform would be {1 / k:.2f}); "
+            f"{int(d.distinct_top_clusters)} distinct top clusters for {int(d.rows)} tasks; most concentrated: "
+            f"{top.iloc[0].task} ({top.iloc[0].share:.2f} in cluster {int(top.iloc[0].cluster)}).")
+
+
+def training_sentence(crit: pd.DataFrame, k: int) -> str:
+    """§3: why the runs stopped, the validation loss first -> best per variant, the trainable parameters."""
+    stops = crit.stop_reason.value_counts()
+    by = crit.groupby("variant", sort=False)
+    return (f"M = {k} groups. {int(crit.converged.sum())} of {len(crit)} runs stopped because the validation loss "
+            "stopped improving (" + ", ".join(f"{n} {why}" for why, n in stops.items()) + "); the best checkpoint "
+            f"was restored in {int(crit.restored_best.sum())}. Validation loss first → best, per variant (mean over "
+            "seeds): " + ", ".join(f"{v} {g.val_loss_first.mean():.3f} → {g.val_loss_best.mean():.3f} at step "
+                                    f"{g.best_step.mean():.0f} of {g.steps.mean():.0f}" for v, g in by)
+            + ". Trainable parameters: " + ", ".join(f"{v} {int(p):,}" for v, p in by.trainable_params.first().items())
+            + ".")
+
+
+def pooled_sentence(per_seed: pd.DataFrame) -> str:
+    """§4 (Table 1): pooled bits per byte per variant, mean and s.d. over seeds, and the items per model."""
+    pooled = per_seed[per_seed.domain == "pooled"].set_index(["variant", "seed"])["mean"]
+    return ("Pooled bits per byte, mean over seeds (s.d. between seeds): "
+            + ", ".join(f"{v} {g.mean():.4f} (" + (f"s.d. {g.std(ddof=1):.4f}, {len(g)} seeds" if len(g) > 1
+                                                  else "1 seed") + ")"
+                        for v, g in pooled.groupby(level=0, sort=False))
+            + f"; {int(per_seed.n_items[per_seed.domain == 'pooled'].iloc[0])} held-out items per model.")
+
+
+def ablation_table(per_seed: pd.DataFrame) -> pd.DataFrame:
+    """§5 (Tables 3 and 4): per variant of the run (paper's row order), the per-seed mean bits per byte pooled and on
+    code (Table 4's MBPP column): mean, s.d. and number of seeds."""
+    rows = [v for v in ABLATION_ROWS if v in set(per_seed.variant)]
+    sub = per_seed[per_seed.variant.isin(rows) & per_seed.domain.isin(["pooled", "code"])]
+    return sub.pivot_table(index="variant", columns="domain", values="mean",
+                           aggfunc=["mean", "std", "size"]).reindex(rows)
+
+
+def k_sweep_sentence(ksweep: pd.DataFrame | None, k: int) -> str:
+    """§5 (Fig. 4): bits per byte at the elbow and at the best k, every k with its interval; or that the sweep is
+    not in this run."""
+    if ksweep is None:
+        return "cluster-count sweep not in this profile"
+    best = ksweep.loc[ksweep["mean"].idxmin()]
+    return (f"Elbow k = {k}: {ksweep[ksweep.elbow]['mean'].iloc[0]:.4f} bits per byte; lowest at k = {int(best.k)} "
+            f"({best['mean']:.4f}); " + ", ".join(f"k={r.k} {r.mean:.4f} [{r.ci_low:.4f}, {r.ci_high:.4f}]"
+                                                  for r in ksweep.itertuples())
+            + " (items resampled, seeds averaged; the claims use seeds).")
+
+
+def aa_sentence(claims: pd.DataFrame, claim_id: str = "aa_pesc_seed_noise") -> str:
+    """§7: the A/A arm's difference with its interval and MDE (the seed noise every comparison carries)."""
+    aa = claims[claims.id == claim_id]
+    if not len(aa) or not aa.ci_low.notna().iloc[0]:
+        return "A/A (PESC vs PESC on other seeds): not decided in this run (no interval)."
+    a = aa.iloc[0]
+    return (f"A/A (PESC vs PESC on other seeds): {a.ours:+.4f} bits per byte [{a.ci_low:+.4f}, {a.ci_high:+.4f}], "
+            f"MDE {a.mde:.4f}: {a.verdict}.")
