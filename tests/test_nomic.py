@@ -1,4 +1,4 @@
-"""Tests for moelab.nomic (nomic-embed-text-v2-moe in plain PyTorch; SBA paper §V-A, notebook 02_sba).
+"""Tests for moelab.sba.loader (nomic-embed-text-v2-moe in plain PyTorch; SBA paper §V-A, notebook 02_sba).
 
 A small randomly initialised checkpoint is written with the *upstream* key names and layouts (stacked expert matrices
 [E*f, d]) at scaled-down shapes, saved with safetensors, and loaded back through ``load_nomic``. A naive reference
@@ -18,7 +18,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from moelab import nomic
+from moelab.sba import loader as nomic
+from moelab.sba.data import PairCollate
+from moelab.sba.experiment import finetune_embedder, nomic_embed
 
 TINY = dict(vocab_size=128, d_model=32, num_heads=4, d_ff=48, num_layers=4, num_experts=8, top_k=2)
 
@@ -46,7 +48,7 @@ def _tiny_tokenizer():
 
 
 def _upstream_tensors(seed=0, **over):
-    """Random tensors under the upstream names (written from the facts note, not from moelab.nomic)."""
+    """Random tensors under the upstream names (written from the facts note, not from moelab.sba.loader)."""
     c = dict(TINY, **over)
     V, d, f, L, E = c["vocab_size"], c["d_model"], c["d_ff"], c["num_layers"], c["num_experts"]
     g = torch.Generator().manual_seed(seed)
@@ -104,7 +106,7 @@ def model(ckpt):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# naive reference forward (independent of moelab.nomic)
+# naive reference forward (independent of moelab.sba.loader)
 # ----------------------------------------------------------------------------------------------------------------------
 def _ln(x, w, b, eps=1e-5):
     mu = x.mean(-1, keepdim=True)
@@ -384,14 +386,12 @@ def test_real_checkpoint_parity():
 
 def test_finetune_tiny_nomic_through_trainer(ckpt):
     """The paper profile's path: MNRL on triplets with nomic's query/document prefixes through moelab.train."""
-    from moelab import sba
-
     m = nomic.load_nomic(ckpt, aggregation="sba")
     m.train()
     trip = [(f"what is {w}", f"{w} is a thing", f"not {w}") for w in ["cats", "dogs", "rain", "maths", "songs", "tea"]]
-    collate = sba.PairCollate(lambda t: m.tokenize(t, "query"), lambda t: m.tokenize(t, "document"))
+    collate = PairCollate(lambda t: m.tokenize(t, "query"), lambda t: m.tokenize(t, "document"))
     before = {k: v.detach().cpu().clone() for k, v in m.state_dict().items()}
-    res = sba.finetune_embedder(m, trip, trip[:2], steps=2, batch_size=3, lr=1e-3, embed=sba.nomic_embed,
+    res = finetune_embedder(m, trip, trip[:2], steps=2, batch_size=3, lr=1e-3, embed=nomic_embed,
                                 collate=collate, aux_coef=0.1)
     assert len(res.history) == 2 and np.isfinite(res.history.loss).all()
     assert "val_mnrl" in res.eval_history

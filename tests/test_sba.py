@@ -9,7 +9,13 @@ import pandas as pd
 import pytest
 import torch
 
-from moelab import sba
+from moelab.core.similarity import expert_similarity
+from moelab.sba.data import PairCollate, evaluate_mteb_local, load_allnli_triplets, load_mteb_local, wordnet_subject_texts
+from moelab.sba.experiment import mnrl_loss
+from moelab.sba.geometry import collect_geometry, geometry_frame, moe_specialisation, pair_geometry, routing_jsd, st_forward_fn, summarize_geometry
+from moelab.sba.method import set_aggregation
+from moelab.sba.report import table_one
+from moelab.sba.standin import build_moe_minilm
 
 
 def _naive_geometry(eo, w):
@@ -36,7 +42,7 @@ def sample():
 
 def test_pair_geometry_matches_naive_loop(sample):
     eo, w = sample
-    g = sba.pair_geometry(eo, w)
+    g = pair_geometry(eo, w)
     ref = _naive_geometry(eo, w)
     for c in ref.columns:
         np.testing.assert_allclose(g[c], ref[c].to_numpy(), rtol=1e-5, atol=1e-6, err_msg=c)
@@ -45,7 +51,7 @@ def test_pair_geometry_matches_naive_loop(sample):
 
 def test_shrinkage_decomposition_is_exact(sample):
     eo, w = sample
-    g = sba.pair_geometry(eo, w)
+    g = pair_geometry(eo, w)
     np.testing.assert_allclose(g["f_weight_sum"] * g["f_angular"] * g["f_radius_mix"], g["ratio_linear"], rtol=1e-6)
     assert (g["f_angular"] <= 1 + 1e-9).all()
     # core SBA: radius Σ w_i r_i with the raw weights, direction on the sphere -> no angular cancellation:
@@ -58,12 +64,12 @@ def test_shrinkage_decomposition_is_exact(sample):
 def test_orthogonal_equal_norms_textbook_case():
     eo = torch.tensor([[[2.0, 0.0], [0.0, 2.0]]])
     w = torch.tensor([[0.5, 0.5]])
-    g = sba.pair_geometry(eo, w)
+    g = pair_geometry(eo, w)
     assert g["angle_deg"][0] == pytest.approx(90.0)
     assert g["norm_ratio"][0] == pytest.approx(1.0)
     assert g["ratio_linear"][0] == pytest.approx(math.sqrt(0.5))  # inward collapse (Eq. 3)
     assert g["ratio_sba"][0] == pytest.approx(1.0)  # stays on the sphere
-    g2 = sba.pair_geometry(eo, torch.tensor([[0.3, 0.2]]))  # unnormalised weights: both shrink by s = 0.5
+    g2 = pair_geometry(eo, torch.tensor([[0.3, 0.2]]))  # unnormalised weights: both shrink by s = 0.5
     assert g2["ratio_linear"][0] == pytest.approx(math.hypot(0.3 * 2, 0.2 * 2) / 2, rel=1e-6)
     assert g2["ratio_sba"][0] == pytest.approx(0.5)
 
@@ -74,33 +80,33 @@ def test_zero_norm_expert_outputs_are_dropped_and_counted(sample):
     eo[3, 1] = 0.0
     eo[7, 0] = 0.0
     with pytest.warns(UserWarning, match="2 of 50 token"):
-        g = sba.pair_geometry(eo, w)
+        g = pair_geometry(eo, w)
     assert g["n_zero_norm"] == 2 and g["n_tokens"] == 48 and len(g["angle_deg"]) == 48
     assert all(np.isfinite(v).all() for k, v in g.items() if isinstance(v, np.ndarray))
 
 
 def test_bad_shapes():
     with pytest.raises(ValueError, match="top-2"):
-        sba.pair_geometry(torch.randn(4, 3, 8), torch.rand(4, 3))
+        pair_geometry(torch.randn(4, 3, 8), torch.rand(4, 3))
     with pytest.raises(ValueError, match="weights shape"):
-        sba.pair_geometry(torch.randn(4, 2, 8), torch.rand(4, 3))
+        pair_geometry(torch.randn(4, 2, 8), torch.rand(4, 3))
 
 
 def test_geometry_frame_and_summary(sample):
     eo, w = sample
     recs = {"layer1": {"expert_outputs": eo, "weights": w, "indices": torch.zeros(50, 2, dtype=torch.long)},
             "layer3": {"expert_outputs": eo * 2, "weights": w, "indices": torch.zeros(50, 2, dtype=torch.long)}}
-    df = sba.geometry_frame(recs, domain="x")
+    df = geometry_frame(recs, domain="x")
     assert len(df) == 100 and set(df.layer) == {"layer1", "layer3"}
-    s = sba.summarize_geometry(df)
+    s = summarize_geometry(df)
     assert list(s.layer) == ["layer1", "layer3", "pooled"]
     assert s.set_index("layer").loc["pooled", "n_tokens"] == 100
     share = s.set_index("layer").loc["pooled", "share_angle_above_40deg"]
     assert share == pytest.approx((df.angle_deg > 40).mean())
     with pytest.raises(ValueError, match="empty"):
-        sba.summarize_geometry(df.iloc[:0])
+        summarize_geometry(df.iloc[:0])
     with pytest.raises(ValueError, match="no captured tokens"):
-        sba.geometry_frame({})
+        geometry_frame({})
 
 
 def test_routing_jsd():
@@ -109,12 +115,12 @@ def test_routing_jsd():
         rows += [dict(domain=dom, layer="L", expert=e, count=c) for e, c in enumerate(usage)]
     for dom in ("a", "b"):
         rows += [dict(domain=dom, layer="M", expert=e, count=3) for e in range(4)]
-    j = sba.routing_jsd(pd.DataFrame(rows)).set_index("layer").jsd_bits
+    j = routing_jsd(pd.DataFrame(rows)).set_index("layer").jsd_bits
     assert j["L"] == pytest.approx(1.0)  # disjoint usage over 2 domains: log2(2) bits
     assert j["M"] == pytest.approx(0.0)  # identical usage
     assert j["mean"] == pytest.approx(0.5)
     with pytest.raises(ValueError, match="empty"):
-        sba.routing_jsd(pd.DataFrame(columns=["domain", "layer", "expert", "count"]))
+        routing_jsd(pd.DataFrame(columns=["domain", "layer", "expert", "count"]))
 
 
 def test_expert_similarity():
@@ -130,11 +136,11 @@ def test_expert_similarity():
             super().__init__()
             self.experts = ex
 
-    assert sba.expert_similarity(L()) == pytest.approx(1.0)
+    assert expert_similarity(L()) == pytest.approx(1.0)
     with torch.no_grad():
         ex.w_in.normal_()
         ex.w_out.normal_()
-    assert abs(sba.expert_similarity(L())) < 0.2
+    assert abs(expert_similarity(L())) < 0.2
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -154,26 +160,26 @@ def minilm():
 
 def test_sparse_upcycled_minilm_equals_minilm_exactly(minilm):
     ref = minilm.encode(TEXTS, convert_to_tensor=True)
-    st = sba.build_moe_minilm(init="sparse", renormalize=True)
+    st = build_moe_minilm(init="sparse", renormalize=True)
     torch.testing.assert_close(st.encode(TEXTS, convert_to_tensor=True), ref, atol=1e-5, rtol=1e-5)
     from moelab.core.layer import moe_layers
 
     assert len(moe_layers(st)) == 3  # layers 1, 3, 5
-    assert sba.moe_specialisation(st).expert_similarity.min() == pytest.approx(1.0, abs=1e-3)
+    assert moe_specialisation(st).expert_similarity.min() == pytest.approx(1.0, abs=1e-3)
     # identical experts: SBA == linear (the two outputs are aligned)
-    sba.set_aggregation(st, "sba")
+    set_aggregation(st, "sba")
     torch.testing.assert_close(st.encode(TEXTS, convert_to_tensor=True), ref, atol=1e-5, rtol=1e-5)
     # nomic's unnormalised top-2 shrinks the FFN output by s = w1 + w2 < 1: no longer MiniLM
-    st2 = sba.build_moe_minilm(init="sparse", renormalize=False)
+    st2 = build_moe_minilm(init="sparse", renormalize=False)
     assert (st2.encode(TEXTS, convert_to_tensor=True) - ref).abs().max() > 1e-3
     with pytest.raises(ValueError, match="bogus"):
-        sba.set_aggregation(st, "bogus")
+        set_aggregation(st, "bogus")
 
 
 def test_geometry_on_copies_and_padding_is_excluded():
-    st = sba.build_moe_minilm(init="sparse", renormalize=False)
+    st = build_moe_minilm(init="sparse", renormalize=False)
     texts = {"a": TEXTS[:2], "b": TEXTS[2:]}
-    geo, counts = sba.collect_geometry(st, sba.st_forward_fn(st, batch_size=4), texts)
+    geo, counts = collect_geometry(st, st_forward_fn(st, batch_size=4), texts)
     n_real = {d: int(sum(st.tokenize(t)["attention_mask"].sum() for t in [v])) for d, v in texts.items()}
     per = geo.groupby(["domain", "layer"]).size()
     for (d, _), n in per.items():
@@ -184,7 +190,7 @@ def test_geometry_on_copies_and_padding_is_excluded():
     assert counts.groupby(["domain", "layer"])["count"].sum().eq(
         pd.Series({k: 2 * v for k, v in n_real.items()}).reindex(
             counts.groupby(["domain", "layer"])["count"].sum().index.get_level_values(0)).values).all()
-    j = sba.routing_jsd(counts)
+    j = routing_jsd(counts)
     assert (j.jsd_bits >= 0).all() and (j.jsd_bits <= 1 + 1e-9).all()
 
 
@@ -193,21 +199,21 @@ def test_mnrl_loss_matches_sentence_transformers(minilm):
 
     pairs = [("a man plays guitar", "someone is playing music"), ("a cat sleeps", "an animal is resting"),
              ("it rains", "the weather is wet")]
-    batch = sba.PairCollate(minilm.tokenize)(pairs)
+    batch = PairCollate(minilm.tokenize)(pairs)
     minilm.eval()
     for scale in (20.0, 1.0):
-        ours, m = sba.mnrl_loss(minilm, batch, scale=scale)
+        ours, m = mnrl_loss(minilm, batch, scale=scale)
         ref = MultipleNegativesRankingLoss(minilm, scale=scale)([batch["anchor"], batch["positive"]], None)
         assert float(ours.detach()) == pytest.approx(float(ref.detach()), rel=1e-4, abs=1e-6)
     assert m["aux"] == 0.0  # dense model: no balancing loss
     triplets = [p + (n,) for p, n in zip(pairs, ["a dog barks", "nobody plays", "sunny day"])]
-    batch = sba.PairCollate(minilm.tokenize)(triplets)
-    ours, _ = sba.mnrl_loss(minilm, batch, scale=20.0)
+    batch = PairCollate(minilm.tokenize)(triplets)
+    ours, _ = mnrl_loss(minilm, batch, scale=20.0)
     ref = MultipleNegativesRankingLoss(minilm, scale=20.0)(
         [batch["anchor"], batch["positive"], batch["negative"]], None)
     assert float(ours.detach()) == pytest.approx(float(ref.detach()), rel=1e-4, abs=1e-6)
     with pytest.raises(ValueError, match="lengths"):
-        sba.PairCollate(minilm.tokenize)([("a",)])
+        PairCollate(minilm.tokenize)([("a",)])
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -226,17 +232,17 @@ def test_paper_profile_readers(tmp_path):
     from moelab.assets import MissingAsset
 
     with pytest.raises(MissingAsset, match="all-nli"):
-        sba.load_allnli_triplets(tmp_path / "nope")
+        load_allnli_triplets(tmp_path / "nope")
     with pytest.raises(MissingAsset, match="STSBenchmark"):
-        sba.load_mteb_local(tmp_path / "nope")
+        load_mteb_local(tmp_path / "nope")
     nli = tmp_path / "all-nli" / "triplet"
     nli.mkdir(parents=True)
     pd.DataFrame({"anchor": ["a", "b"], "positive": ["c", "d"], "negative": ["e", "f"]}).to_parquet(
         nli / "train-00000-of-00001.parquet")
-    assert sba.load_allnli_triplets(tmp_path / "all-nli") == [("a", "c", "e"), ("b", "d", "f")]
+    assert load_allnli_triplets(tmp_path / "all-nli") == [("a", "c", "e"), ("b", "d", "f")]
     pd.DataFrame({"anchor": ["a"], "text": ["c"]}).to_parquet(nli / "dev-00000-of-00001.parquet")
     with pytest.raises(ValueError, match="missing column"):
-        sba.load_allnli_triplets(tmp_path / "all-nli", split="dev")
+        load_allnli_triplets(tmp_path / "all-nli", split="dev")
 
     root = tmp_path / "mteb"
     for t in ("STSBenchmark", "StackExchangeClustering", "SprintDuplicateQuestions"):
@@ -249,8 +255,8 @@ def test_paper_profile_readers(tmp_path):
     pd.DataFrame({"sentence1": [["abc", "hello", "zzz"]], "sentence2": [["abd", "qqqq", "zzy"]],
                   "labels": [[1, 0, 1]]}).to_json(root / "SprintDuplicateQuestions" / "test.jsonl.gz",
                                                   orient="records", lines=True, compression="gzip")
-    tasks = sba.load_mteb_local(root)
-    res = sba.evaluate_mteb_local(_toy_encode, tasks).set_index("task").score
+    tasks = load_mteb_local(root)
+    res = evaluate_mteb_local(_toy_encode, tasks).set_index("task").score
     assert res["STSBenchmark"] > 0.5
     assert res["StackExchangeClustering"] == pytest.approx(1.0)
     assert res["SprintDuplicateQuestions"] == pytest.approx(1.0)
@@ -262,13 +268,13 @@ def test_wordnet_subjects():
     from moelab.assets import MissingAsset
 
     try:
-        d = sba.wordnet_subject_texts(num_subjects=20, per_subject=3)
+        d = wordnet_subject_texts(num_subjects=20, per_subject=3)
     except MissingAsset as e:
         pytest.skip(str(e))
     assert len(d) == 20 and all(len(v) == 3 for v in d.values())
     assert all(":" in t for v in d.values() for t in v)
     with pytest.raises(ValueError, match="num_subjects"):
-        sba.wordnet_subject_texts(num_subjects=0)
+        wordnet_subject_texts(num_subjects=0)
 
 
 def test_table_one():
@@ -281,6 +287,6 @@ def test_table_one():
                 rows.append(dict(benchmark="ret", metric=m, score=0.3 - shift, ci_low=0.2, ci_high=0.4,
                                  aggregation=agg, seed=seed))
     scores = pd.DataFrame(rows)
-    t = sba.table_one(scores).set_index(["aggregation", "benchmark"])
+    t = table_one(scores).set_index(["aggregation", "benchmark"])
     assert set(t.index.get_level_values(1)) == {"sts", "ret/recall@1_a2b", "ret/recall@1_b2a"}
     assert t.loc[("sba", "sts"), "mean"] == pytest.approx(55.1)

@@ -11,6 +11,8 @@ import pandas as pd
 import pytest
 
 from moelab import sba
+from moelab.sba.geometry import shrinkage_decomposition
+from moelab.sba.report import separation_table, stage_summaries
 from moelab.claims import Tables, evaluate
 from moelab.sba import claims as defs
 
@@ -35,10 +37,10 @@ def _folder(tmp_path, *, stopped=True, init=(0.6, 0.3), after=(0.7, 0.4), per_se
     geos = {"init": _geo(*init), "phase b": _geo(*after, seed=1)}
     tables = {
         "phaseb_run": pd.DataFrame([dict(steps=60 if stopped else 120, stopped=stopped, improvement=0.003)]),
-        "regime_geometry": sba.stage_summaries(geos),
-        "regime_geometry-by-subject": sba.stage_summaries(geos, by=("domain",)),
+        "regime_geometry": stage_summaries(geos),
+        "regime_geometry-by-subject": stage_summaries(geos, by=("domain",)),
     }
-    dec = pd.concat([sba.shrinkage_decomposition(g).assign(stage=k) for k, g in geos.items()], ignore_index=True)
+    dec = pd.concat([shrinkage_decomposition(g).assign(stage=k) for k, g in geos.items()], ignore_index=True)
     if not weight_share:   # make the angular part dominate the log-shrinkage
         dec = dec.assign(share_weight_sum=0.2, share_angular=0.75, share_radius_mix=0.05)
     tables["fig5_shrinkage-decomposition"] = dec
@@ -47,7 +49,7 @@ def _folder(tmp_path, *, stopped=True, init=(0.6, 0.3), after=(0.7, 0.4), per_se
                        ("random", 0.49)):
         rows.append(dict(encoder=enc, benchmark="wordnet_pairs", metric="cosine_ap", score=score, ci_low=score - 0.03,
                          ci_high=score + 0.03))
-    tables["check_benchmark-separation"] = sba.separation_table(pd.DataFrame(rows), "all-MiniLM-L6-v2")
+    tables["check_benchmark-separation"] = separation_table(pd.DataFrame(rows), "all-MiniLM-L6-v2")
     if per_seed is not None:
         tables["table1_per-seed-scores"] = per_seed
     for stem, df in tables.items():
@@ -121,3 +123,75 @@ def test_tables_without_phase_b_are_inconclusive_not_errors(tmp_path):
     for c in defs.CLAIMS:
         r = evaluate(c, T)
         assert r["verdict"] in ("inconclusive", "not in this profile", "extension"), c.id
+
+
+# ---------------------------------------------------------------------------------------------------- per-seed phase b
+def _new_folder(tmp_path, *, moved=True, delta=0.02, linear_fell=True):
+    """A folder in the layout of the per-seed phase (b): three seeds, their readings at init / end (the experts
+    moved apart or not), Figs. 1, 2 change, Fig. 5 under both readings, phase (c) runs, per-item scores."""
+    from moelab.sba.regime import change_from_init
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "provenance.json").write_text(json.dumps({"notebook": "02_sba", "profile": "default"}))
+    rows, geo, fig5, train, items = [], [], [], [], []
+    rng = np.random.default_rng(0)
+    for s in range(3):
+        end_sim, top1 = (0.80 - 0.01 * s, 0.65) if moved else (0.8834, 0.915)
+        rows += [dict(seed=s, stage="init", expert_similarity=0.8834, routing_jsd_bits=0.048, top1_agreement=1.0,
+                      val_mnrl=1.2),
+                 dict(seed=s, stage="end", expert_similarity=end_sim, routing_jsd_bits=0.047 + 0.02 * moved,
+                      top1_agreement=top1, val_mnrl=0.93)]
+        for q, fig, v0, v1 in (("share_norm_ratio_within_10pct", "fig1", 0.41, 0.45 + 0.01 * s),
+                               ("share_angle_above_40deg", "fig2", 0.7, 0.8 + 0.01 * s)):
+            geo.append(dict(seed=s, figure=fig, quantity=q, init=v0, end=v1, change=v1 - v0))
+        for stage, bl in (("init", 0.93), ("end", 0.90 - 0.01 * s)):
+            for reading, op, v in (("unnormalised top-2", "linear", 0.8 * bl), ("unnormalised top-2", "sba", 0.83),
+                                   ("renormalised barycentre", "linear", bl),
+                                   ("renormalised barycentre", "sba", 1.04)):
+                fig5.append(dict(layer="pooled", reading=reading, operator=op, mean=v, median=v, n_tokens=100,
+                                 what="x", seed=s, stage=stage))
+        for a in ("linear", "sba"):
+            train.append(dict(aggregation=a, seed=s, steps=12, val_mnrl_init=0.93,
+                              val_mnrl_best=0.90 if linear_fell else 0.929))
+            for i in range(50):
+                items.append(dict(benchmark="wordnet_pairs", kind="pairclass", metric="cosine_ap", item=i,
+                                  aggregation=a, seed=s, score=0.6 + rng.normal(0, 0.05) + (delta if a == "sba" else 0)))
+    tables = {"regime_change": change_from_init(pd.DataFrame(rows)), "fig1-2_change": pd.DataFrame(geo),
+              "fig5_readings": pd.DataFrame(fig5), "train_runs": pd.DataFrame(train),
+              "table1_per-item-scores": pd.DataFrame(items)}
+    sep = [dict(encoder=e, benchmark="wordnet_pairs", metric="cosine_ap", score=v, ci_low=v - 0.03, ci_high=v + 0.03)
+           for e, v in (("all-MiniLM-L6-v2", 0.66), ("bag-of-words (tf-idf)", 0.56), ("random", 0.49))]
+    tables["check_benchmark-separation"] = separation_table(pd.DataFrame(sep), "all-MiniLM-L6-v2")
+    for stem, df in tables.items():
+        df.to_csv(tmp_path / f"{stem}.csv", index=False)
+    return Tables(tmp_path)
+
+
+def test_experts_that_did_not_move_put_training_claims_outside_the_regime(tmp_path):
+    T = _new_folder(tmp_path / "still", moved=False)
+    for cid in ("fig1_concentration_change", "fig2_angle_change", "fig5_collapse_change", "sba_vs_linear_wordnet_pairs"):
+        r = evaluate(CLAIMS[cid], T)
+        assert r["verdict"] == "outside the regime", cid
+        assert "similarity fell by 0.0000" in r["reason"] and "0.915" in r["reason"], cid
+    # the levels stay what the initialisation and the definitions make them
+    assert evaluate(CLAIMS["fig2_angles_above_40"], T)["verdict"] == "holds by construction"
+    for cid in ("fig5_linear_collapse_rbar", "fig5_sba_norm_rbar", "fig5_linear_collapse_barycentre",
+                "fig5_sba_norm_barycentre"):
+        assert evaluate(CLAIMS[cid], T)["verdict"] == "holds by construction", cid
+
+
+def test_moved_experts_decide_the_training_claims_at_seeds_x_items(tmp_path):
+    T = _new_folder(tmp_path / "moved", moved=True)
+    r = evaluate(CLAIMS["fig2_angle_change"], T)
+    assert r["verdict"] == "reproduced" and r["n_seeds"] == 3 and r["ours"] == pytest.approx(0.11)
+    r = evaluate(CLAIMS["fig5_collapse_change"], T)
+    assert r["verdict"] == "reproduced" and r["ours"] == pytest.approx(-0.04)
+    r = evaluate(CLAIMS["sba_vs_linear_wordnet_pairs"], T)
+    d = pd.read_csv(tmp_path / "moved" / "table1_per-item-scores.csv")
+    per_seed = d.groupby(["aggregation", "seed"]).score.mean().unstack(0)
+    assert r["ours"] == pytest.approx(100 * (per_seed["sba"] - per_seed["linear"]).mean(), abs=1e-4)
+    assert r["n_seeds"] == 3 and r["n_items"] == 50 and r["mde"] is not None
+    u = evaluate(CLAIMS["fig5_sba_norm_rbar"], T)
+    assert "arithmetic" in u["reason"] and u["verdict"] == "holds by construction"
+    # phase (c) that did not lower the linear arm's validation loss: the table claims are outside the regime
+    r = evaluate(CLAIMS["sba_vs_linear_wordnet_pairs"], _new_folder(tmp_path / "flat", linear_fell=False))
+    assert r["verdict"] == "outside the regime" and "phase (c) did not train the linear arm" in r["reason"]

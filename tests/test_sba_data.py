@@ -6,7 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from moelab import sba
+from moelab.sba.data import find_allnli_triplet_dir, load_allnli_triplets, load_mteb_local
+from moelab.sba.loader import load_nomic
 from moelab.assets import MissingAsset
 
 SUBSET_COLUMNS = {"pair": ["anchor", "positive"], "pair-class": ["premise", "hypothesis", "label"],
@@ -26,33 +27,33 @@ def test_allnli_root_finds_the_triplet_split(tmp_path):
     root = _fake_allnli(tmp_path / "all-nli")
     want = [(f"triplet-train-anchor-{i}", f"triplet-train-positive-{i}", f"triplet-train-negative-{i}")
             for i in range(3)]
-    assert sba.find_allnli_triplet_dir(root) == root / "triplet"
-    assert sba.load_allnli_triplets(root) == want  # the root: 'pair/' sorts first and must not be read
-    assert sba.load_allnli_triplets(root / "triplet") == want  # the triplet folder itself
-    assert sba.load_allnli_triplets(tmp_path) == want  # a folder above the root
-    assert sba.load_allnli_triplets(root, "dev", limit=1) == [("triplet-dev-anchor-0", "triplet-dev-positive-0",
+    assert find_allnli_triplet_dir(root) == root / "triplet"
+    assert load_allnli_triplets(root) == want  # the root: 'pair/' sorts first and must not be read
+    assert load_allnli_triplets(root / "triplet") == want  # the triplet folder itself
+    assert load_allnli_triplets(tmp_path) == want  # a folder above the root
+    assert load_allnli_triplets(root, "dev", limit=1) == [("triplet-dev-anchor-0", "triplet-dev-positive-0",
                                                                "triplet-dev-negative-0")]
     f = root / "triplet" / "test-00000-of-00001.parquet"
-    assert len(sba.load_allnli_triplets(f)) == 1
+    assert len(load_allnli_triplets(f)) == 1
 
 
 def test_every_missing_input_names_what_to_pass(tmp_path):
     with pytest.raises(MissingAsset, match=r"-p NLI_PATH=<path>"):
-        sba.load_allnli_triplets(tmp_path / "nope")
+        load_allnli_triplets(tmp_path / "nope")
     with pytest.raises(MissingAsset, match=r"-p NLI_PATH=<path>"):
-        sba.load_allnli_triplets(None)
+        load_allnli_triplets(None)
     only_pairs = _fake_allnli(tmp_path / "pairs-only", {"pair": SUBSET_COLUMNS["pair"]})
     with pytest.raises(MissingAsset, match=r"no 'triplet/' folder.*-p NLI_PATH=<path>"):
-        sba.load_allnli_triplets(only_pairs)
+        load_allnli_triplets(only_pairs)
     root = _fake_allnli(tmp_path / "all-nli", {"triplet": SUBSET_COLUMNS["triplet"]})
     with pytest.raises(MissingAsset, match=r"no 'validation' file.*-p NLI_PATH=<path>"):
-        sba.load_allnli_triplets(root, "validation")
+        load_allnli_triplets(root, "validation")
     with pytest.raises(MissingAsset, match=r"STSBenchmark.*-p MTEB_PATH=<path>"):
-        sba.load_mteb_local(tmp_path / "nope")
+        load_mteb_local(tmp_path / "nope")
     with pytest.raises(MissingAsset, match=r"-p MTEB_PATH=<path>"):
-        sba.load_mteb_local(None)
+        load_mteb_local(None)
     (tmp_path / "mteb" / "STSBenchmark").mkdir(parents=True)
     with pytest.raises(MissingAsset, match=r"no 'test' file.*-p MTEB_PATH=<path>"):
-        sba.load_mteb_local(tmp_path / "mteb")
+        load_mteb_local(tmp_path / "mteb")
     with pytest.raises(MissingAsset, match=r"-p MODEL_PATH=<path>"):
-        sba.load_nomic(tmp_path / "no-model")
+        load_nomic(tmp_path / "no-model")

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from moelab import sba
+from moelab.sba.geometry import CONCENTRATION_READING, fig5_table, geometry_frame, norm_ratio_concentration, pair_geometry, summarize_geometry
+from moelab.sba.loader import AGGREGATIONS
 
 
 @pytest.fixture
@@ -21,7 +23,7 @@ def sample():
 
 def test_radius_ratio_matches_naive_loop(sample):
     eo, w = sample
-    g = sba.pair_geometry(eo, w)
+    g = pair_geometry(eo, w)
     for t in range(eo.shape[0]):
         e1, e2 = eo[t, 0].double(), eo[t, 1].double()
         w1, w2 = float(w[t, 0]), float(w[t, 1])
@@ -49,20 +51,20 @@ def _geo_table():
 
 def test_concentration_matches_naive_loop():
     geo = _geo_table()
-    c = sba.norm_ratio_concentration(geo).set_index("layer")
+    c = norm_ratio_concentration(geo).set_index("layer")
     for layer, d in list(geo.groupby("layer")) + [("pooled", geo)]:
         inside = sum(1 for r in d.norm_ratio if 0.9 - 1e-12 <= r <= 1.1 + 1e-12)
         assert c.loc[layer, "share_within"] == pytest.approx(inside / len(d))
         assert c.loc[layer, "n_tokens"] == len(d)
-    assert "±10%" in c.reading.iloc[0] and "|r1/r2 - 1| <= 0.10" in sba.CONCENTRATION_READING
-    c5 = sba.norm_ratio_concentration(geo, tol=0.05)
+    assert "±10%" in c.reading.iloc[0] and "|r1/r2 - 1| <= 0.10" in CONCENTRATION_READING
+    c5 = norm_ratio_concentration(geo, tol=0.05)
     assert "±5%" in c5.reading.iloc[0] and (c5.share_within.to_numpy() <= c.share_within.to_numpy()).all()
     with pytest.raises(ValueError, match="tol"):
-        sba.norm_ratio_concentration(geo, tol=10)
+        norm_ratio_concentration(geo, tol=10)
     with pytest.raises(ValueError, match="norm_ratio"):
-        sba.norm_ratio_concentration(geo.rename(columns={"norm_ratio": "x"}))
+        norm_ratio_concentration(geo.rename(columns={"norm_ratio": "x"}))
     # summarize_geometry's share is the same reading
-    s = sba.summarize_geometry(geo.assign(angle_deg=50.0, weight_sum=0.5, f_weight_sum=0.5, f_angular=1.0,
+    s = summarize_geometry(geo.assign(angle_deg=50.0, weight_sum=0.5, f_weight_sum=0.5, f_angular=1.0,
                                           f_radius_mix=1.0)).set_index("layer")
     assert s.loc["pooled", "share_norm_ratio_within_10pct"] == pytest.approx(c.loc["pooled", "share_within"])
 
@@ -70,15 +72,15 @@ def test_concentration_matches_naive_loop():
 def test_fig5_table_reads_both_references(sample):
     eo, w = sample
     recs = {"L1": {"expert_outputs": eo, "weights": w}, "L3": {"expert_outputs": eo * 2, "weights": w}}
-    geo = sba.geometry_frame(recs)
-    t = sba.fig5_table(geo).set_index(["layer", "operator", "reference"])
+    geo = geometry_frame(recs)
+    t = fig5_table(geo).set_index(["layer", "operator", "reference"])
     for layer, d in list(geo.groupby("layer")) + [("pooled", geo)]:
-        for op in sba.AGGREGATIONS:
+        for op in AGGREGATIONS:
             assert t.loc[(layer, op, "r_bar"), "mean"] == pytest.approx(d[f"ratio_{op}"].mean())
             assert t.loc[(layer, op, "sum_w_r"), "median"] == pytest.approx(d[f"radius_ratio_{op}"].median())
     assert t.loc[("pooled", "sba", "sum_w_r"), "mean"] == pytest.approx(1.0, rel=1e-5)
     assert t.loc[("pooled", "linear", "r_bar"), "mean"] < t.loc[("pooled", "linear", "sum_w_r"), "mean"]
-    s = sba.summarize_geometry(geo).set_index("layer")
+    s = summarize_geometry(geo).set_index("layer")
     assert s.loc["pooled", "radius_ratio_sba_mean"] == pytest.approx(1.0, rel=1e-5)
     with pytest.raises(ValueError, match="radius_ratio_"):
-        sba.fig5_table(geo.drop(columns=["radius_ratio_sba"]))
+        fig5_table(geo.drop(columns=["radius_ratio_sba"]))

@@ -15,7 +15,11 @@ import torch
 from sklearn.cluster import MiniBatchKMeans
 from sklearn.metrics import v_measure_score
 
-from moelab import sba
+from moelab.sba.data import MTEB_CLUSTERING_BATCH, MTEB_TASKS, STANDIN_COLUMNS, cached_encoder, evaluate_benchmarks, short_pairs, v_measure_mteb
+from moelab.sba.experiment import drop_ablation_init, nomic_measure, phase_b_run, swap_aggregation
+from moelab.sba.geometry import collect_geometry, router_movement, st_forward_fn
+from moelab.sba.report import ablation_table, phase_b_table, plot_fig5, pretrained_phase_b_table, regime_check, scores_wide, separation_table, specialisation_summary, specialisation_table, stage_summaries
+from moelab.sba.standin import build_nomic_layout_moe, st_encode_fn
 from moelab.core.layer import moe_layers
 from moelab.suite import embed as suite_embed
 from sba_tiny import TEXTS, pairs
@@ -30,13 +34,13 @@ warnings.filterwarnings("ignore", message=".*rank-deficient.*")
 def test_short_pairs_keeps_pairs_within_the_budget_in_order():
     tok = str.split  # one "token" per word
     pp = [("a b", "c"), ("a b c d", "e"), ("x", "y z w v"), ("q", "r"), ("a", "b", "c d e f")]
-    assert sba.short_pairs(pp, tok, 3) == [("a b", "c"), ("q", "r")]
-    assert sba.short_pairs(pp, tok, 4) == [("a b", "c"), ("a b c d", "e"), ("x", "y z w v"), ("q", "r"),
+    assert short_pairs(pp, tok, 3) == [("a b", "c"), ("q", "r")]
+    assert short_pairs(pp, tok, 4) == [("a b", "c"), ("a b c d", "e"), ("x", "y z w v"), ("q", "r"),
                                            ("a", "b", "c d e f")]
     with pytest.raises(ValueError, match="raise max_tokens"):
-        sba.short_pairs(pp, lambda t: [0] * 10, 5)
+        short_pairs(pp, lambda t: [0] * 10, 5)
     with pytest.raises(ValueError, match="max_tokens=1"):
-        sba.short_pairs(pp, tok, 1)
+        short_pairs(pp, tok, 1)
 
 
 def test_v_measure_mteb_uses_batch_500():
@@ -44,13 +48,13 @@ def test_v_measure_mteb_uses_batch_500():
     centres = rng.normal(size=(3, 8)) * 10
     labels = np.repeat(["a", "b", "c"], 40)
     emb = centres[np.repeat(np.arange(3), 40)] + rng.normal(size=(120, 8)) * 0.1
-    assert sba.v_measure_mteb(emb, labels) == pytest.approx(1.0)  # well-separated blobs: perfect clustering
+    assert v_measure_mteb(emb, labels) == pytest.approx(1.0)  # well-separated blobs: perfect clustering
     noisy = rng.normal(size=(120, 8))
     ref = MiniBatchKMeans(n_clusters=3, batch_size=500, n_init="auto", random_state=4).fit_predict(noisy)
-    assert sba.MTEB_CLUSTERING_BATCH == 500
-    assert sba.v_measure_mteb(noisy, labels, seed=4) == pytest.approx(v_measure_score(labels, ref))
+    assert MTEB_CLUSTERING_BATCH == 500
+    assert v_measure_mteb(noisy, labels, seed=4) == pytest.approx(v_measure_score(labels, ref))
     with pytest.raises(ValueError, match="labels"):
-        sba.v_measure_mteb(noisy[:10], labels)
+        v_measure_mteb(noisy[:10], labels)
 
 
 def test_cached_encoder_encodes_each_distinct_text_once():
@@ -60,7 +64,7 @@ def test_cached_encoder_encodes_each_distinct_text_once():
         calls.append(list(texts))
         return np.array([[len(t), t.count("a")] for t in texts], dtype=float)
 
-    c = sba.cached_encoder(enc)
+    c = cached_encoder(enc)
     out = c(["aa", "b", "aa", "cab"])
     np.testing.assert_array_equal(out, enc(["aa", "b", "aa", "cab"]))
     calls.clear()
@@ -68,7 +72,7 @@ def test_cached_encoder_encodes_each_distinct_text_once():
     assert calls == [["dd"]]  # only the unseen text
     np.testing.assert_array_equal(out2, [[3, 1], [2, 0], [2, 2]])
     with pytest.raises(ValueError, match="expected"):
-        sba.cached_encoder(lambda t: np.zeros(3))(["x"])
+        cached_encoder(lambda t: np.zeros(3))(["x"])
 
 
 def _toy_benchmarks():
@@ -89,7 +93,7 @@ def _toy_benchmarks():
 def test_evaluate_benchmarks_matches_the_suite_and_naive_loops():
     benches = _toy_benchmarks()
     enc = suite_embed.random_encoder(dim=16, seed=3)
-    got = sba.evaluate_benchmarks(enc, benches, seed=0, n_boot=200)
+    got = evaluate_benchmarks(enc, benches, seed=0, n_boot=200)
     assert list(dict.fromkeys(got.benchmark)) == list(benches)  # in the order given
     ref = suite_embed.evaluate(enc, {k: v for k, v in benches.items() if v.kind != "clustering"}, n_boot=200, seed=0)
     m = got.set_index(["benchmark", "metric"])
@@ -106,24 +110,24 @@ def test_evaluate_benchmarks_matches_the_suite_and_naive_loops():
         pytest.approx((lo, hi))
     # clustering: the mean over subsets of MTEB's V-measure (batch 500)
     clus = benches["toy_clustering"]
-    want = np.mean([sba.v_measure_mteb(enc(t), lab, 0) for t, lab in clus.subsets])
+    want = np.mean([v_measure_mteb(enc(t), lab, 0) for t, lab in clus.subsets])
     assert m.loc[("toy_clustering", "v_measure"), "score"] == pytest.approx(want)
     assert m.loc[("toy_clustering", "v_measure"), "n"] == 2
     assert set(got.column.dropna()) == set() and got.column.isna().all()  # toy names map to no paper column
     with pytest.raises(ValueError, match="no benchmarks"):
-        sba.evaluate_benchmarks(enc, {})
+        evaluate_benchmarks(enc, {})
     bad = suite_embed.Benchmark("odd", "ranking", ["a"], ["b"])
     with pytest.raises(ValueError, match="unknown benchmark kind"):
-        sba.evaluate_benchmarks(enc, {"odd": bad})
+        evaluate_benchmarks(enc, {"odd": bad})
 
 
 def test_standin_columns_map_each_benchmark_to_one_paper_column():
-    assert sba.STANDIN_COLUMNS["wordnet_sts"] == "STSBenchmark"
-    assert sba.STANDIN_COLUMNS["wordnet_pairs"] == "SprintDuplicateQuestions"
-    assert {sba.STANDIN_COLUMNS[k] for k in ("wordnet_clustering", "bigbench_clustering")} == {
+    assert STANDIN_COLUMNS["wordnet_sts"] == "STSBenchmark"
+    assert STANDIN_COLUMNS["wordnet_pairs"] == "SprintDuplicateQuestions"
+    assert {STANDIN_COLUMNS[k] for k in ("wordnet_clustering", "bigbench_clustering")} == {
         "StackExchangeClustering"}
-    assert sba.STANDIN_COLUMNS["code_retrieval"] is None and sba.STANDIN_COLUMNS["wordnet_retrieval"] is None
-    assert set(sba.STANDIN_COLUMNS.values()) - {None} == set(sba.MTEB_TASKS)
+    assert STANDIN_COLUMNS["code_retrieval"] is None and STANDIN_COLUMNS["wordnet_retrieval"] is None
+    assert set(STANDIN_COLUMNS.values()) - {None} == set(MTEB_TASKS)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -133,7 +137,7 @@ def test_standin_columns_map_each_benchmark_to_one_paper_column():
 def moe(tiny):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return sba.build_nomic_layout_moe(tiny, init="cluster", calib_texts=TEXTS, seed=0, compensate=True)
+        return build_nomic_layout_moe(tiny, init="cluster", calib_texts=TEXTS, seed=0, compensate=True)
 
 
 def _naive_routes(model, texts):
@@ -164,7 +168,7 @@ def test_router_movement_matches_naive_loop(moe):
         for layer in moe_layers(moved):
             w = layer.router.weight
             w.add_(torch.randn(w.shape, generator=g) * w.norm() / w.numel() ** 0.5)
-    got = sba.router_movement(moe, moved, TEXTS).set_index("layer")
+    got = router_movement(moe, moved, TEXTS).set_index("layer")
     ra, rb = _naive_routes(moe, TEXTS), _naive_routes(moved, TEXTS)
     for i, (a, b) in enumerate(zip(ra, rb)):
         assert got.loc[i, "n_tokens"] == len(a)
@@ -174,10 +178,10 @@ def test_router_movement_matches_naive_loop(moe):
         assert got.loc[i, "router_weight_change"] == pytest.approx(float(((wb - wa) ** 2).sum().sqrt() / wa.norm()))
     assert got.loc[0, "top1_agreement"] < 1  # the perturbation moved some tokens
     assert got.loc["mean", "top1_agreement"] == pytest.approx(got.drop("mean").top1_agreement.mean())
-    same = sba.router_movement(moe, copy.deepcopy(moe), TEXTS).set_index("layer")
+    same = router_movement(moe, copy.deepcopy(moe), TEXTS).set_index("layer")
     assert (same.top1_agreement == 1).all() and (same.router_weight_change == 0).all()
     with pytest.raises(ValueError, match="MoE layers"):
-        sba.router_movement(moe, moe[0].auto_model.embeddings, TEXTS)
+        router_movement(moe, moe[0].auto_model.embeddings, TEXTS)
 
 
 def _toy_evaluate(encode):
@@ -192,10 +196,10 @@ def test_phase_b_run_measures_init_and_checkpoint(tiny):
         calls.append(1)
         return _toy_evaluate(encode)
 
-    base_scores = _toy_evaluate(sba.st_encode_fn(tiny))
+    base_scores = _toy_evaluate(st_encode_fn(tiny))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        r = sba.phase_b_run(tiny, calib_texts=TEXTS, heldout_texts=TEXTS[:8], train_pairs=pairs(24),
+        r = phase_b_run(tiny, calib_texts=TEXTS, heldout_texts=TEXTS[:8], train_pairs=pairs(24),
                             val_pairs=pairs(8), subjects={"a": TEXTS[:4], "b": TEXTS[4:8]}, evaluate=evaluate,
                             base_scores=base_scores, max_tokens=50, seed=0, max_steps=40, eval_every=2, window=1,
                             min_rel_improvement=0.99, batch_size=4, lr=1e-3, val_batches=2, keep="best",
@@ -208,28 +212,28 @@ def test_phase_b_run_measures_init_and_checkpoint(tiny):
     assert {"geo", "counts", "similarity"} <= set(r["init"]) and r["init"]["eval"] is None
     assert r["after"]["eval"] is not None and len(r["after"]["geo"]) > 0
     assert list(r["movement"].layer) == [0, 1, "mean"] and (r["movement"].router_weight_change.iloc[:2] > 0).all()
-    t = sba.phase_b_table(r)
+    t = phase_b_table(r)
     assert t.steps.iloc[0] == 4 and bool(t.stopped.iloc[0])
     # the measured model is the (best) checkpoint: loading it onto a template gives the same geometry
-    template = sba.build_nomic_layout_moe(tiny, init="sparse", seed=0)
-    m = sba.swap_aggregation(template, r["checkpoint"], "linear")
-    geo, _ = sba.collect_geometry(m, sba.st_forward_fn(m), {"a": TEXTS[:4], "b": TEXTS[4:8]}, 50)
+    template = build_nomic_layout_moe(tiny, init="sparse", seed=0)
+    m = swap_aggregation(template, r["checkpoint"], "linear")
+    geo, _ = collect_geometry(m, st_forward_fn(m), {"a": TEXTS[:4], "b": TEXTS[4:8]}, 50)
     np.testing.assert_allclose(geo.angle_deg, r["after"]["geo"].angle_deg, rtol=1e-4, atol=1e-3)
 
 
 def test_drop_ablation_init_scores_each_aggregation_on_one_model(tiny):
-    out = sba.drop_ablation_init(aggregations=["linear", "sba_unit"], seed=0, evaluate=_toy_evaluate,
+    out = drop_ablation_init(aggregations=["linear", "sba_unit"], seed=0, evaluate=_toy_evaluate,
                                  subjects={"a": TEXTS[:4]}, max_tokens=50, base=tiny)
     assert list(out) == ["linear", "sba_unit"]
     lin, unit = out["linear"], out["sba_unit"]
     assert lin["eval"].score.iloc[0] != unit["eval"].score.iloc[0]
     pd.testing.assert_frame_equal(lin["similarity"], unit["similarity"])  # one model, only the operator differs
     assert (lin["similarity"].expert_similarity < 0.99).all()  # half of every expert re-drawn
-    tab = sba.ablation_table(out, {})
+    tab = ablation_table(out, {})
     assert list(tab.stage) == ["init", "init"] and "toy" in tab.columns
     assert tab.toy.tolist() == pytest.approx([100 * lin["eval"].score.iloc[0], 100 * unit["eval"].score.iloc[0]])
     with pytest.raises(ValueError, match="at least one aggregation"):
-        sba.drop_ablation_init(aggregations=[], base=tiny)
+        drop_ablation_init(aggregations=[], base=tiny)
 
 
 def test_nomic_measure_on_a_tiny_checkpoint(tmp_path):
@@ -238,9 +242,9 @@ def test_nomic_measure_on_a_tiny_checkpoint(tmp_path):
     ckpt = _write(tmp_path / "nomic")
     sts = pd.DataFrame(dict(sentence1=["the cat", "a dog", "rain falls", "tea is hot"],
                             sentence2=["a cat", "the dog", "sun shines", "tea is cold"], score=[4.5, 4.0, 1.0, 2.5]))
-    lin = sba.nomic_measure(ckpt, subjects={"a": ["the cat sat", "a dog ran"], "b": ["rain", "tea time"]},
+    lin = nomic_measure(ckpt, subjects={"a": ["the cat sat", "a dog ran"], "b": ["rain", "tea time"]},
                             max_tokens=50, mteb_tasks={"STSBenchmark": sts})
-    sb = sba.nomic_measure(ckpt, aggregation="sba", subjects={"a": ["the cat sat", "a dog ran"]}, max_tokens=50)
+    sb = nomic_measure(ckpt, aggregation="sba", subjects={"a": ["the cat sat", "a dog ran"]}, max_tokens=50)
     assert list(lin["eval"].task) == ["STSBenchmark"] and np.isfinite(lin["eval"].score).all()
     assert sb["eval"] is None and len(lin["geo"]) > 0 and {"radius_ratio_sba"} <= set(sb["geo"].columns)
     np.testing.assert_allclose(lin["geo"][lin["geo"].domain == "a"].angle_deg.iloc[:2],
@@ -263,9 +267,9 @@ def _geo(share_above, n=40, seed=0):
 
 def test_stage_summaries_and_regime_check():
     geos = {"init": _geo(0.3), "phase b": _geo(0.7)}
-    s = sba.stage_summaries(geos)
+    s = stage_summaries(geos)
     assert list(dict.fromkeys(s.stage)) == ["init", "phase b"] and (s.layer == "pooled").sum() == 2
-    by_subject = sba.stage_summaries(geos, by=("domain",))
+    by_subject = stage_summaries(geos, by=("domain",))
     assert set(by_subject.domain) == {"s1", "s2", "pooled"}
     pooled = s[s.layer == "pooled"].set_index("stage")
     assert pooled.loc["phase b", "share_angle_above_40deg"] == pytest.approx(0.7)
@@ -273,18 +277,18 @@ def test_stage_summaries_and_regime_check():
     def pb(stopped, steps=50):
         return pd.DataFrame([dict(steps=steps, stopped=stopped, improvement=0.004 if stopped else 0.03)])
 
-    ok = sba.regime_check(pb(True), s)
+    ok = regime_check(pb(True), s)
     assert ok["reached"] and ok["reasons"] == [] and ok["share_angle_above"] == pytest.approx(0.7)
-    budget = sba.regime_check(pb(False, 120), s)
+    budget = regime_check(pb(False, 120), s)
     assert not budget["reached"] and "step budget (120 steps)" in budget["reasons"][0] and budget["angles"]
-    narrow = sba.regime_check(pb(True), sba.stage_summaries({"init": _geo(0.7), "phase b": _geo(0.3)}))
+    narrow = regime_check(pb(True), stage_summaries({"init": _geo(0.7), "phase b": _geo(0.3)}))
     assert not narrow["reached"] and "30.0% of the active expert pairs" in narrow["reasons"][0]
-    assert sba.regime_check(sba.pretrained_phase_b_table("nomic"), sba.stage_summaries({"phase b": _geo(0.6)}))[
+    assert regime_check(pretrained_phase_b_table("nomic"), stage_summaries({"phase b": _geo(0.6)}))[
         "reached"]
     with pytest.raises(ValueError, match="one-row"):
-        sba.regime_check(pd.concat([pb(True), pb(True)]), s)
+        regime_check(pd.concat([pb(True), pb(True)]), s)
     with pytest.raises(ValueError, match="stages found"):
-        sba.regime_check(pb(True), s, stage="phase c")
+        regime_check(pb(True), s, stage="phase c")
 
 
 def test_separation_table_matches_naive_rule():
@@ -293,34 +297,34 @@ def test_separation_table_matches_naive_rule():
         for bench, shift in (("sts", 0.0), ("pairs", -0.18)):
             sc = base + (shift if enc == "mini" else 0)
             rows.append(dict(encoder=enc, benchmark=bench, metric="m", score=sc, ci_low=sc - 0.05, ci_high=sc + 0.05))
-    t = sba.separation_table(pd.DataFrame(rows), "mini").set_index(["encoder", "benchmark"])
+    t = separation_table(pd.DataFrame(rows), "mini").set_index(["encoder", "benchmark"])
     # naive: the model's ci_low above the largest baseline ci_high
     assert bool(t.loc[("mini", "sts"), "above_baselines"]) is (0.55 > 0.45)
     assert bool(t.loc[("mini", "pairs"), "above_baselines"]) is (0.37 > 0.45)
     assert not t.loc[("random", "sts"), "above_baselines"]
     assert t.loc[("mini", "sts"), "baseline_ci_high"] == pytest.approx(0.45)
     with pytest.raises(ValueError, match="lack the encoder"):
-        sba.separation_table(pd.DataFrame(rows), "other")
+        separation_table(pd.DataFrame(rows), "other")
 
 
 def test_scores_wide_specialisation_summary_and_plot_fig5():
     sc = pd.DataFrame([dict(model=m, benchmark=b, metric="s", score=v)
                        for m, b, v in (("x", "sts", 0.5), ("x", "pairs", 0.7), ("y", "sts", 0.25))])
-    w = sba.scores_wide(sc).set_index("model")
+    w = scores_wide(sc).set_index("model")
     assert w.loc["x", "sts"] == pytest.approx(50) and w.loc["x", "pairs"] == pytest.approx(70)
     assert np.isnan(w.loc["y", "pairs"])
     counts = pd.DataFrame([dict(domain=d, layer="L1", expert=e, count=c) for d, cs in (("a", [5, 0]), ("b", [0, 5]))
                            for e, c in enumerate(cs)])
     meas = {"m": dict(counts=counts, similarity=pd.DataFrame(dict(layer=[0], expert_similarity=[0.3])))}
-    s = sba.specialisation_summary(meas).iloc[0]
+    s = specialisation_summary(meas).iloc[0]
     assert s.routing_jsd_bits == pytest.approx(1.0) and s.expert_similarity == pytest.approx(0.3)
-    old = sba.specialisation_table(meas, {}).iloc[0]
+    old = specialisation_table(meas, {}).iloc[0]
     assert old.routing_jsd_bits == s.routing_jsd_bits
     geo = pd.concat([_geo(0.5).assign(model=k, stage=k) for k in ("init", "phase b")])
-    fig = sba.plot_fig5(geo, reference="sum_w_r", operators=("linear", "sba"))
+    fig = plot_fig5(geo, reference="sum_w_r", operators=("linear", "sba"))
     assert len(fig.axes[0].patches) == 4  # two operators for each of the two models
     with pytest.raises(ValueError, match="reference="):
-        sba.plot_fig5(geo, reference="mean")
+        plot_fig5(geo, reference="mean")
 
 
 @pytest.mark.cuda
@@ -330,7 +334,7 @@ def test_phase_b_run_on_cuda(tiny_standin):
     tokenizer (conftest ``tiny_standin``): this checks device behaviour and needs no asset cache."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        r = sba.phase_b_run(tiny_standin, calib_texts=TEXTS, heldout_texts=TEXTS[:8], train_pairs=pairs(24),
+        r = phase_b_run(tiny_standin, calib_texts=TEXTS, heldout_texts=TEXTS[:8], train_pairs=pairs(24),
                             val_pairs=pairs(8), subjects={"a": TEXTS[:4], "b": TEXTS[4:8]}, evaluate=_toy_evaluate,
                             max_tokens=50, seed=0, max_steps=8, eval_every=2, window=1, min_rel_improvement=0.99,
                             batch_size=4, lr=1e-3, val_batches=2, device="cuda")

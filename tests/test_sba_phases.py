@@ -11,7 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from moelab import sba
+from moelab.sba.experiment import PHASE_B_FILE, finetune_checkpoint, measure_embedder, phase_c_run, plateau_reached, swap_aggregation, swap_run, train_until_plateau
+from moelab.sba.method import get_aggregation, set_aggregation
+from moelab.sba.report import phase_b_table
+from moelab.sba.standin import build_nomic_layout_moe, kept_weight_mass
 from moelab.core.layer import moe_layers
 from sba_tiny import TEXTS, pairs
 
@@ -34,35 +37,35 @@ def test_plateau_rule_matches_naive_loop():
     for _ in range(200):
         n, window, tol = int(rng.integers(1, 12)), int(rng.integers(1, 5)), float(rng.uniform(0, 0.2))
         losses = list(2 + np.cumsum(rng.normal(-0.05, 0.05, n)))
-        got = sba.plateau_reached(losses, window, tol)
+        got = plateau_reached(losses, window, tol)
         ref = _naive_plateau(losses, window, tol)
         assert got[0] == ref[0]
         assert (math.isnan(got[1]) and math.isnan(ref[1])) or got[1] == pytest.approx(ref[1])
 
 
 def test_plateau_rule_cases_and_errors():
-    assert sba.plateau_reached([3.0, 2.0, 1.5], window=2)[0] is False  # 25% better in the window
-    assert sba.plateau_reached([3.0, 2.0, 2.0, 2.0], window=2) == (True, 0.0)  # flat over 2 evaluations
-    assert sba.plateau_reached([3.0, 2.0], window=2) == (False, pytest.approx(float("nan"), nan_ok=True))
+    assert plateau_reached([3.0, 2.0, 1.5], window=2)[0] is False  # 25% better in the window
+    assert plateau_reached([3.0, 2.0, 2.0, 2.0], window=2) == (True, 0.0)  # flat over 2 evaluations
+    assert plateau_reached([3.0, 2.0], window=2) == (False, pytest.approx(float("nan"), nan_ok=True))
     for bad in (dict(window=0), dict(min_rel_improvement=1.5)):
         with pytest.raises(ValueError, match=list(bad)[0]):
-            sba.plateau_reached([1.0, 1.0], **bad)
+            plateau_reached([1.0, 1.0], **bad)
     with pytest.raises(ValueError, match="non-finite"):
-        sba.plateau_reached([1.0, float("nan")])
+        plateau_reached([1.0, float("nan")])
 
 
 @pytest.fixture(scope="module")
 def template(tiny):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return sba.build_nomic_layout_moe(tiny, init="cluster", calib_texts=TEXTS, seed=0, compensate=True)
+        return build_nomic_layout_moe(tiny, init="cluster", calib_texts=TEXTS, seed=0, compensate=True)
 
 
 @pytest.fixture(scope="module")
 def phase_b(template):
     model = copy.deepcopy(template)
-    sba.set_aggregation(model, "sba")  # phase (b) switches to linear itself
-    return sba.train_until_plateau(model, pairs(24), pairs(8), max_steps=40, eval_every=2, window=1,
+    set_aggregation(model, "sba")  # phase (b) switches to linear itself
+    return train_until_plateau(model, pairs(24), pairs(8), max_steps=40, eval_every=2, window=1,
                                    min_rel_improvement=0.99, batch_size=4, lr=1e-3, seed=0, val_batches=2,
                                    device="cpu")
 
@@ -73,18 +76,18 @@ def test_phase_b_stops_by_the_rule_and_returns_its_checkpoint(phase_b, template)
     assert r["stopped"] and r["steps"] == 4 and r["checkpoint_step"] == 4
     assert list(r["val"].step) == [2, 4] and list(r["history"].step) == [1, 2, 3, 4]
     assert r["improvement"] < 0.99
-    assert sba.get_aggregation(r["model"]) == "linear"
+    assert get_aggregation(r["model"]) == "linear"
     assert set(r["checkpoint"]) == set(template.state_dict())
     moved = [k for k, v in r["checkpoint"].items() if not torch.equal(v, template.state_dict()[k])]
     assert any("experts" in k for k in moved) and any("router" in k for k in moved)
     assert all(torch.equal(v, r["model"].state_dict()[k].cpu()) for k, v in r["checkpoint"].items())
     assert "0.99" in r["rule"] and "1 evaluations" in r["rule"]
-    t = sba.phase_b_table(r)
+    t = phase_b_table(r)
     assert t.steps.iloc[0] == 4 and bool(t.stopped.iloc[0])
 
 
 def test_phase_b_keep_best_and_errors(template):
-    r = sba.train_until_plateau(copy.deepcopy(template), pairs(24), pairs(8), max_steps=6, eval_every=2, window=1,
+    r = train_until_plateau(copy.deepcopy(template), pairs(24), pairs(8), max_steps=6, eval_every=2, window=1,
                                 min_rel_improvement=0.0, batch_size=4, lr=1e-3, seed=1, val_batches=2, keep="best",
                                 device="cpu")
     best = r["val"].loc[r["val"].val_mnrl.idxmin(), "step"]
@@ -92,17 +95,17 @@ def test_phase_b_keep_best_and_errors(template):
     if not r["stopped"]:
         assert r["steps"] == 6
     with pytest.raises(ValueError, match="never fire"):
-        sba.train_until_plateau(copy.deepcopy(template), pairs(24), pairs(8), max_steps=3, eval_every=2, window=1)
+        train_until_plateau(copy.deepcopy(template), pairs(24), pairs(8), max_steps=3, eval_every=2, window=1)
     with pytest.raises(ValueError, match="keep="):
-        sba.train_until_plateau(template, pairs(24), pairs(8), max_steps=30, eval_every=2, keep="first")
+        train_until_plateau(template, pairs(24), pairs(8), max_steps=30, eval_every=2, keep="first")
 
 
 def test_swap_arm_keeps_routing_and_weights(phase_b, template):
     ck = phase_b["checkpoint"]
-    lin = sba.swap_aggregation(template, ck, "linear")
-    sb = sba.swap_aggregation(template, ck, "sba")
-    assert sba.get_aggregation(lin) == "linear" and sba.get_aggregation(sb) == "sba"
-    assert sba.get_aggregation(template) == "linear" and not torch.equal(
+    lin = swap_aggregation(template, ck, "linear")
+    sb = swap_aggregation(template, ck, "sba")
+    assert get_aggregation(lin) == "linear" and get_aggregation(sb) == "sba"
+    assert get_aggregation(template) == "linear" and not torch.equal(
         template.state_dict()[next(k for k in ck if "experts.w_in" in k)], ck[next(k for k in ck if "experts.w_in" in k)])
     for m in (lin, sb):
         assert all(torch.equal(v, ck[k]) for k, v in m.state_dict().items())
@@ -113,27 +116,27 @@ def test_swap_arm_keeps_routing_and_weights(phase_b, template):
         m.encode(TEXTS[:6])
         idx.append([l.last_route.indices.clone() for l in moe_layers(m)][0])
     assert torch.equal(idx[0], idx[1])  # routing untouched in the first MoE layer (same inputs)
-    out = sba.swap_run(template, ck, aggregation="sba_unit", val_pairs=pairs(8), subjects={"a": TEXTS[:3],
+    out = swap_run(template, ck, aggregation="sba_unit", val_pairs=pairs(8), subjects={"a": TEXTS[:3],
                                                                                           "b": TEXTS[3:6]})
     assert np.isfinite(out["val_mnrl"]) and {"radius_ratio_linear", "ratio_sba"} <= set(out["geo"].columns)
     with pytest.raises(ValueError, match="aggregation='avg'"):
-        sba.swap_aggregation(template, ck, "avg")
+        swap_aggregation(template, ck, "avg")
     with pytest.raises(ValueError, match="does not match the template"):
-        sba.swap_aggregation(template, {"bogus": torch.zeros(1)}, "sba")
+        swap_aggregation(template, {"bogus": torch.zeros(1)}, "sba")
 
 
 def test_phase_c_fixed_steps_seeded_from_one_checkpoint(phase_b, template):
     ck = phase_b["checkpoint"]
     kw = dict(steps=3, train_pairs=pairs(24), val_pairs=pairs(8), batch_size=4, lr=1e-3, eval_every=1,
               val_batches=2, device="cpu")
-    a = sba.finetune_checkpoint(template, ck, aggregation="sba", seed=0, **kw)
-    b = sba.finetune_checkpoint(template, ck, aggregation="sba", seed=0, **kw)
-    c = sba.finetune_checkpoint(template, ck, aggregation="linear", seed=0, **kw)
-    assert len(a.history) == 3 and sba.get_aggregation(a.model) == "sba"
+    a = finetune_checkpoint(template, ck, aggregation="sba", seed=0, **kw)
+    b = finetune_checkpoint(template, ck, aggregation="sba", seed=0, **kw)
+    c = finetune_checkpoint(template, ck, aggregation="linear", seed=0, **kw)
+    assert len(a.history) == 3 and get_aggregation(a.model) == "sba"
     np.testing.assert_allclose(a.history.loss, b.history.loss, rtol=1e-6)  # same seed -> same run
     assert not np.allclose(a.history.loss, c.history.loss)  # another operator, same start and data
     assert list(a.eval_history.step) == [1, 2, 3]
-    run = sba.phase_c_run(template, ck, aggregation="sba_normfree", seed=1, subjects={"a": TEXTS[:3]}, **kw)
+    run = phase_c_run(template, ck, aggregation="sba_normfree", seed=1, subjects={"a": TEXTS[:3]}, **kw)
     assert {"history", "val", "flattened", "eval", "geo", "counts", "similarity", "wall_s"} <= set(run)
     assert run["eval"] is None and len(run["similarity"]) == 2
 
@@ -148,7 +151,7 @@ def test_run_from_config_phases_b_then_c(template, tmp_path, monkeypatch):
     b = experiment.run_from_config(dict(phase="b", out_dir=str(tmp_path), max_steps=8, eval_every=2, window=1,
                                         min_rel_improvement=0.99, batch_size=4, lr=1e-3, val_batches=2,
                                         device="cpu"))
-    assert b["stopped"] and b["steps"] == 4 and (tmp_path / sba.PHASE_B_FILE).is_file()
+    assert b["stopped"] and b["steps"] == 4 and (tmp_path / PHASE_B_FILE).is_file()
     c = experiment.run_from_config(dict(phase="c", out_dir=str(tmp_path), aggregation="sba", steps=2,
                                         batch_size=4, lr=1e-3, eval_every=1, val_batches=2, device="cpu"))
     assert c["aggregation"] == "sba" and len(c["val"]) == 2 and c["phase_b"]["steps"] == 4 and c["eval"] is None
@@ -166,16 +169,16 @@ def test_phases_on_cuda(tiny_standin):
     stand-in tokenizer (conftest ``tiny_standin``): this checks device behaviour and needs no asset cache."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        template = sba.build_nomic_layout_moe(tiny_standin, init="cluster", calib_texts=TEXTS, seed=0, compensate=True)
-    r = sba.train_until_plateau(copy.deepcopy(template), pairs(24), pairs(8), max_steps=8, eval_every=2, window=1,
+        template = build_nomic_layout_moe(tiny_standin, init="cluster", calib_texts=TEXTS, seed=0, compensate=True)
+    r = train_until_plateau(copy.deepcopy(template), pairs(24), pairs(8), max_steps=8, eval_every=2, window=1,
                                 min_rel_improvement=0.99, batch_size=4, lr=1e-3, seed=0, val_batches=2,
                                 device="cuda")
     assert r["stopped"] and next(r["model"].parameters()).is_cuda
     assert all(v.device.type == "cpu" for v in r["checkpoint"].values())
-    res = sba.finetune_checkpoint(template, r["checkpoint"], aggregation="sba", seed=0, steps=2,
+    res = finetune_checkpoint(template, r["checkpoint"], aggregation="sba", seed=0, steps=2,
                                   train_pairs=pairs(24), val_pairs=pairs(8), batch_size=4, lr=1e-3, eval_every=1,
                                   val_batches=2, device="cuda")
     assert next(res.model.parameters()).is_cuda and np.isfinite(res.eval_history.val_mnrl).all()
-    out = sba.measure_embedder(res.model, subjects={"a": TEXTS[:4]}, max_tokens=50)
+    out = measure_embedder(res.model, subjects={"a": TEXTS[:4]}, max_tokens=50)
     assert np.isfinite(out["geo"].radius_ratio_sba).all()
-    assert sba.kept_weight_mass(res.model, moe_layers(res.model)[0], TEXTS[:4]) > 0.25 - 1e-6
+    assert kept_weight_mass(res.model, moe_layers(res.model)[0], TEXTS[:4]) > 0.25 - 1e-6

@@ -13,6 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from moelab import sba
+from moelab.sba.geometry import moe_specialisation
+from moelab.sba.method import set_aggregation
+from moelab.sba.standin import build_nomic_layout_moe, compensate_init, compensation_factors, embedding_cosine_to_dense, init_damage
 from moelab.core.layer import moe_layers
 from sba_tiny import TEXTS
 
@@ -23,7 +26,7 @@ warnings.filterwarnings("ignore", message=".*rank-deficient.*")
 def cluster_moe(tiny):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return sba.build_nomic_layout_moe(tiny, init="cluster", calib_texts=TEXTS, seed=0)
+        return build_nomic_layout_moe(tiny, init="cluster", calib_texts=TEXTS, seed=0)
 
 
 def _naive_nomic_layer(layer, x):
@@ -58,7 +61,7 @@ def test_nomic_layout_structure_and_layer_matches_naive_loop(cluster_moe, tiny):
         with torch.no_grad():
             torch.testing.assert_close(layer(x).double(), _naive_nomic_layer(layer, x), atol=1e-5, rtol=1e-5)
     # the cluster-aware initialiser made the experts differ, the dense model is untouched
-    assert sba.moe_specialisation(cluster_moe).expert_similarity.max() < 0.999
+    assert moe_specialisation(cluster_moe).expert_similarity.max() < 0.999
     assert not moe_layers(tiny)
     assert cluster_moe.init_compensation is None
 
@@ -66,17 +69,17 @@ def test_nomic_layout_structure_and_layer_matches_naive_loop(cluster_moe, tiny):
 def test_copies_with_exact_compensation_equal_dense(tiny):
     """Identical experts + a zero router (uniform softmax: s = 2/8 for every token) + compensation c = 4 -> dense."""
     ref = tiny.encode(TEXTS, convert_to_tensor=True)
-    m = sba.build_nomic_layout_moe(tiny, init="sparse", seed=0)
+    m = build_nomic_layout_moe(tiny, init="sparse", seed=0)
     with torch.no_grad():
         for layer in moe_layers(m):
             layer.router.proj.weight.zero_()
     assert (m.encode(TEXTS, convert_to_tensor=True) - ref).abs().max() > 1e-3  # uncompensated: FFN scaled by 1/4
-    tab = sba.compensate_init(m, TEXTS)
+    tab = compensate_init(m, TEXTS)
     np.testing.assert_allclose(tab.kept_mass_mean, 0.25, rtol=1e-6)
     np.testing.assert_allclose(tab.factor, 4.0, rtol=1e-6)
     torch.testing.assert_close(m.encode(TEXTS, convert_to_tensor=True), ref, atol=1e-5, rtol=1e-5)
     assert m.init_compensation is tab
-    sba.set_aggregation(m, "sba")  # aligned experts: SBA == linear
+    set_aggregation(m, "sba")  # aligned experts: SBA == linear
     torch.testing.assert_close(m.encode(TEXTS, convert_to_tensor=True), ref, atol=1e-5, rtol=1e-5)
 
 
@@ -110,23 +113,23 @@ def _naive_factors(model, texts):
 
 def test_compensation_factors_match_direct_loop(cluster_moe):
     before = {k: v.clone() for k, v in cluster_moe.state_dict().items()}
-    tab = sba.compensation_factors(cluster_moe, TEXTS)  # apply=False: the model is left as it was
+    tab = compensation_factors(cluster_moe, TEXTS)  # apply=False: the model is left as it was
     assert all(torch.equal(v, before[k]) for k, v in cluster_moe.state_dict().items())
     ref = _naive_factors(cluster_moe, TEXTS)
     np.testing.assert_allclose(tab.kept_mass_mean, [r[0] for r in ref], rtol=1e-5)
     np.testing.assert_allclose(tab.factor, [r[1] for r in ref], rtol=1e-5)
     assert ((tab.kept_mass_mean > 0.25 - 1e-9) & (tab.kept_mass_mean <= 1)).all()  # top-2 of 8 holds >= 2/8
     with pytest.raises(ValueError, match="calibration texts"):
-        sba.compensation_factors(cluster_moe, [])
+        compensation_factors(cluster_moe, [])
 
 
 def test_build_errors(tiny):
     with pytest.raises(ValueError, match="calib_texts"):
-        sba.build_nomic_layout_moe(tiny, init="cluster", calib_texts=None)
+        build_nomic_layout_moe(tiny, init="cluster", calib_texts=None)
     with pytest.raises(ValueError, match="init='bogus'"):
-        sba.build_nomic_layout_moe(tiny, init="bogus")
+        build_nomic_layout_moe(tiny, init="bogus")
     with pytest.raises(ValueError, match="aggregation='mean'"):
-        sba.build_nomic_layout_moe(tiny, init="sparse", aggregation="mean")
+        build_nomic_layout_moe(tiny, init="sparse", aggregation="mean")
 
 
 def test_init_damage_with_and_without_compensation(tiny):
@@ -134,7 +137,7 @@ def test_init_damage_with_and_without_compensation(tiny):
         e = encode(TEXTS[:4])
         return pd.DataFrame([dict(benchmark="toy", metric="mean_cos", score=float((e[0] * e[1:]).sum(1).mean()))])
 
-    res = sba.init_damage(tiny, TEXTS[:16], TEXTS[16:], evaluate=evaluate, init="sparse")
+    res = init_damage(tiny, TEXTS[:16], TEXTS[16:], evaluate=evaluate, init="sparse")
     t = res["table"].set_index("model")
     assert list(t.index) == ["dense", "sparse (nomic layout)", "sparse (nomic layout, compensated)"]
     assert t.loc["dense", "cos_mean"] == 1.0
@@ -148,7 +151,7 @@ def test_init_damage_with_and_without_compensation(tiny):
     assert (f.factor > 2.5).all() and (f.factor <= 4 + 1e-9).all()
     assert set(res["scores"].model) == set(t.index) and len(res["scores"]) == 3
     # a direct cosine for one model
-    cos = sba.embedding_cosine_to_dense(res["models"]["sparse (nomic layout)"], tiny, TEXTS[16:])
+    cos = embedding_cosine_to_dense(res["models"]["sparse (nomic layout)"], tiny, TEXTS[16:])
     a = res["models"]["sparse (nomic layout)"].encode(TEXTS[16:], convert_to_tensor=True)
     b = tiny.encode(TEXTS[16:], convert_to_tensor=True)
     np.testing.assert_allclose(cos, [float(F.cosine_similarity(a[i], b[i], dim=0)) for i in range(len(a))],

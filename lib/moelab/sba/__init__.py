@@ -1,31 +1,36 @@
 """Spherical Barycentric Aggregation for MoE embedding models (paper 001, Kachuee & Sharifkhani; notebook
 ``notebooks/02_sba.py``).
 
-``method`` (SBA and the ablations with the paper's equations; the aggregation switch), ``geometry`` (Figs. 1, 2, 5:
-norm ratio and its concentration, angles, ||y|| against r̄ and against Σ w_i r_i, routing JSD, expert similarity),
-``loader`` (nomic-embed-text-v2-moe in plain PyTorch; ``moelab.nomic`` re-exports it), ``standin`` (all-MiniLM-L6-v2
-upcycled in nomic's layout with the cluster-aware initialiser, init compensation, its damage; the renormalised
-drop-upcycled ablation), ``data`` (WordNet subject prompts, pair collation, all-nli and MTEB from local copies),
-``experiment`` (MNRL fine-tuning, phase (b) until a validation plateau, phase (c) per aggregation from one checkpoint,
-the swap arm, measurements), ``report`` (tables and figures). Every name ``moelab.sba`` and ``moelab.nomic``
-exported before the split is re-exported here.
-"""
-from moelab.sba.data import *  # noqa: F401,F403
-from moelab.sba.data import __all__ as _data_all
-from moelab.sba.experiment import *  # noqa: F401,F403
-from moelab.sba.experiment import __all__ as _experiment_all
-from moelab.sba.geometry import *  # noqa: F401,F403
-from moelab.sba.geometry import __all__ as _geometry_all
-from moelab.sba.loader import *  # noqa: F401,F403
-from moelab.sba.loader import __all__ as _loader_all
-from moelab.sba.method import *  # noqa: F401,F403
-from moelab.sba.method import __all__ as _method_all
-from moelab.sba.report import *  # noqa: F401,F403
-from moelab.sba.report import __all__ as _report_all
-from moelab.sba.standin import *  # noqa: F401,F403
-from moelab.sba.standin import __all__ as _standin_all
-# shared with notebook 03 through the core (issue 21, item 0); re-exported under the names 02 used before
-from moelab.core.cluster_init import ClusterAwareInit  # noqa: F401
+``config`` (the frozen sizes per profile), ``method`` (SBA and the ablations with the paper's equations; the
+aggregation switch), ``geometry`` (Figs. 1, 2, 5: norm ratio and its concentration, angles, ||y|| under both weight
+readings, routing JSD, expert similarity), ``regime`` (did phase (b) move the experts: the targets and the probe),
+``loader`` (nomic-embed-text-v2-moe in plain PyTorch), ``standin`` (all-MiniLM-L6-v2 upcycled in nomic's layout with
+the cluster-aware initialiser, init compensation, its damage; the renormalised drop-upcycled ablation), ``data``
+(WordNet subject prompts, pair collation, the stand-in benchmarks, all-nli and MTEB from local copies), ``items``
+(per-item benchmark scores), ``experiment`` (MNRL fine-tuning, phases (a)-(c) as cached runs, the swap, the paper
+profile on nomic), ``report`` (tables, sentences and figures), ``claims`` (the verdicts).
 
-__all__ = sorted(set([*_method_all, *_geometry_all, *_loader_all, *_standin_all, *_data_all, *_experiment_all,
-                      *_report_all, "ClusterAwareInit"]))
+This package exports the names notebook 02 calls, plus :data:`OUTSIDE_USERS`, names files outside the package read
+here (``run_from_config``: the ``moelab.launch`` entry point named in docs/paper-scale.md; ``training_table``:
+tests/test_router_grad.py); anything else imports from its module (``from moelab.sba.loader import load_nomic``).
+"""
+from moelab.sba import config, data, experiment, geometry, items, loader, method, regime, report, standin  # noqa: F401
+from moelab.sba.config import profile, profile_table
+from moelab.sba.experiment import (
+    drop_ablation, phase_b_runs, phase_c_runs, run_from_config, separation, setup, swap_runs)
+from moelab.sba.report import (
+    closing_lines, damage_sentence, damage_table, drop_ablation_table, fig5_by_seed, fig5_sentence, geometry_by_seed,
+    geometry_change, geometry_sentence, items_long, phase_b_runs_table, phase_c_sentence, phase_c_table,
+    plot_fig5_readings, plot_hist, plot_phase_b, plot_validation, regime_change, regime_sentence, scores_long,
+    scores_wide, screen_table, separation_table, setup_sentence, table_one, table_sentence, token_geometry,
+    training_table)
+
+OUTSIDE_USERS = ("run_from_config", "training_table")
+
+__all__ = [
+    "closing_lines", "damage_sentence", "damage_table", "drop_ablation", "drop_ablation_table", "fig5_by_seed",
+    "fig5_sentence", "geometry_by_seed", "geometry_change", "geometry_sentence", "items_long", "phase_b_runs",
+    "phase_b_runs_table", "phase_c_runs", "phase_c_sentence", "phase_c_table", "plot_fig5_readings", "plot_hist",
+    "plot_phase_b", "plot_validation", "profile", "profile_table", "regime_change", "regime_sentence",
+    "run_from_config", "scores_long", "scores_wide", "screen_table", "separation", "separation_table", "setup",
+    "setup_sentence", "swap_runs", "table_one", "table_sentence", "token_geometry", "training_table"]

@@ -126,7 +126,7 @@ PROFILES = {
     "full": SbaProfile("full", phase_b=_PB_FULL, phase_c=PhaseC(max_steps=48, batch_size=16, lr=2e-5, eval_every=8),
                        aggregations=("linear", "sba", "sba_normfree", "sba_unit"),
                        swaps=("sba", "sba_normfree", "sba_unit"), benchmarks=None, n_subjects=41, per_subject=12,
-                       damage_benchmarks=True, drop=DropAblation(),
+                       drop=DropAblation(),
                        note="every benchmark and aggregation, the swap and the drop ablation; resumable run by run",
                        est_minutes=110),
     "paper": SbaProfile("paper", phase_b=None,
