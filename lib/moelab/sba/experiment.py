@@ -650,7 +650,7 @@ def _phase_b_compute(s: Setup, seed: int) -> dict:
     vb = dict(batch_size=b.val_batch_size, val_batches=b.val_batches)
     init = dict(step=0, val_mnrl=validation_mnrl(start, s.val_pairs, **vb), **probe(start))
     res = train_until_plateau(start, s.train_pairs, s.val_pairs, max_steps=b.steps, eval_every=b.eval_every,
-                              batch_size=b.batch_size, lr=b.lr, seed=seed, warmup_frac=b.warmup_frac,
+                              batch_size=b.batch_size, lr=b.lr, moe_lr=b.moe_lr, seed=seed, warmup_frac=b.warmup_frac,
                               val_batches=b.val_batches, val_batch_size=b.val_batch_size, keep="last",
                               stop_on_plateau=False, probe=probe, device="cpu")
     trained = res["model"].eval()
