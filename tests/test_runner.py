@@ -218,3 +218,20 @@ def test_resume_skip_recomputes_claims_and_verdict_code_is_not_a_source(runner, 
     (fig / "provenance.json").write_text(json.dumps(prov))
     assert notebooks.main(args) == 0
     assert json.loads((fig / "claims.json").read_text())["claims"] == json.loads(good)["claims"]
+
+
+def test_publishing_a_default_keeps_a_running_full_staging_folder(tmp_path):
+    """A default published while the same notebook's full is running must not delete the full's staging folder (it
+    lives inside the default's folder until the full publishes)."""
+    final, staging = tmp_path / "05_x", tmp_path / ".05_x.staging-1"
+    (final / "full").mkdir(parents=True)
+    (final / "full" / "claims.json").write_text("{}")
+    (final / ".full.staging-4242").mkdir()
+    (final / ".full.staging-4242" / "table.csv").write_text("a\n1\n")
+    (final / "old.csv").write_text("old")
+    staging.mkdir()
+    (staging / "new.csv").write_text("new")
+    nbrun.publish_dir(staging, final, "default")
+    assert (final / "new.csv").exists() and not (final / "old.csv").exists()
+    assert (final / "full" / "claims.json").exists()
+    assert (final / ".full.staging-4242" / "table.csv").read_text() == "a\n1\n"

@@ -143,9 +143,12 @@ def publish_dir(staging: Path, final: Path, profile: str) -> None:
     old = final.parent / f".{final.name}.old-{os.getpid()}"
     if final.exists():
         os.replace(final, old)
-        for sub in _keep_subdirs(profile):
-            if (old / sub).exists():
-                os.replace(old / sub, staging / sub)
+        keep = _keep_subdirs(profile)
+        for p in list(old.iterdir()) if keep else ():
+            # the other profiles' folders, and the staging folder of a full/paper run still going inside this one
+            m = _STAGE_RE.match(p.name)
+            if p.name in keep or (m and m["name"] in keep):
+                os.replace(p, staging / p.name)
     os.replace(staging, final)
     shutil.rmtree(old, ignore_errors=True)
 
