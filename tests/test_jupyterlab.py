@@ -13,6 +13,7 @@ Issue 16, item 4: ``make lab`` starts as root, binds to loopback and prints how 
 no server left running).
 """
 import difflib
+import importlib.util
 import json
 import os
 import platform
@@ -50,8 +51,8 @@ def _call(base, path, body=None):
 @pytest.fixture(scope="module")
 def repo_copy(tmp_path_factory):
     """The repository's notebooks folder and root-level jupytext configuration, copied with the same layout."""
-    if not JUPYTER.exists():
-        pytest.skip("jupyter not installed in this interpreter's environment")
+    if not JUPYTER.exists() or importlib.util.find_spec("jupyterlab") is None:
+        pytest.skip("jupyterlab not installed in this interpreter's environment (the GPU check installs no JupyterLab)")
     if not SOURCES:
         pytest.skip("no notebooks yet")
     dest = tmp_path_factory.mktemp("repo")

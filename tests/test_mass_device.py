@@ -10,8 +10,9 @@ from moelab.mass import (StackedMoETransformer, SynthSetup, _nll, lr_factor, res
 
 
 def _setup(**kw):
-    return SynthSetup(d_model=8, n_heads=2, batch_size=4, steps=12, max_experts=4, n_test=8, data_format="incontext",
-                      n_examples=2, example_len=3, n_entities=3, n_properties=3, n_symbols=6, **kw)
+    base = dict(d_model=8, n_heads=2, batch_size=4, steps=12, max_experts=4, n_test=8, data_format="incontext",
+                n_examples=2, example_len=3, n_entities=3, n_properties=3, n_symbols=6)
+    return SynthSetup(**{**base, **kw})
 
 
 def test_resolve_device():

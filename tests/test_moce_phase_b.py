@@ -104,7 +104,7 @@ def _curve_and_states(monkeypatch, curve):
     it, states = iter(curve), []
 
     def fake(stack, val_ex):
-        states.append({k: v.detach().clone() for k, v in stack.model.named_parameters() if v.requires_grad})
+        states.append({k: v.detach().cpu().clone() for k, v in stack.model.named_parameters() if v.requires_grad})
         return np.array([next(it)])
 
     monkeypatch.setattr(moce.experiment, "per_item_nll", fake)
@@ -124,10 +124,11 @@ def test_train_variant_stops_on_patience_and_restores_the_best_checkpoint(monkey
     assert ev == curve[: len(ev)] and stop_i == len(ev) - 1          # stopped at the round after patience ran out
     assert res.stop_reason == "patience" and res.converged and res.restored_best
     assert res.best_step == 6 and res.best_val_loss == 1.5 and res.steps == 4 * (len(ev) // 2)
-    assert all(torch.equal(res.state[k], states[best_i][k]) for k in res.state)
-    assert not all(torch.equal(res.state[k], states[-1][k]) for k in res.state)
+    # checkpoints are compared on the CPU: on CUDA the model's weights live on the GPU, the saved best state on the CPU
+    assert all(torch.equal(res.state[k].cpu(), states[best_i][k]) for k in res.state)
+    assert not all(torch.equal(res.state[k].cpu(), states[-1][k]) for k in res.state)
     live = moce.method.trainable_state(model)                                  # the model holds the restored weights too
-    assert all(torch.equal(live[k], res.state[k]) for k in res.state)
+    assert all(torch.equal(live[k].cpu(), res.state[k].cpu()) for k in res.state)
     crit = moce.criterion_table([res], 1, 32)
     assert crit.stop_reason.tolist() == ["patience"] and crit.best_step.tolist() == [6]
     assert crit.val_loss_best.tolist() == [1.5] and bool(crit.converged.iloc[0])
