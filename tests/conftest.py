@@ -1,4 +1,6 @@
-"""Shared pytest setup: one torch thread per test process, offline hubs, CUDA-marked tests skipped without a GPU."""
+"""Shared pytest setup: one torch thread per test process, offline hubs, CUDA-marked tests skipped without a GPU;
+the fixtures more than one test folder uses. A folder's own fixtures are in its conftest.py, shared helpers in
+tests/helpers/."""
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -6,7 +8,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MPLBACKEND", "Agg")
-os.environ.setdefault("MOELAB_PROGRESS", "0")   # tests stay quiet (tests/test_progress.py turns bars on)
+os.environ.setdefault("MOELAB_PROGRESS", "0")   # tests stay quiet (tests/train/test_progress.py turns bars on)
 os.environ.pop("MOELAB_PUBLISH", None)          # a test never publishes by accident
 
 import pytest  # noqa: E402
@@ -45,16 +47,8 @@ def tmp_figures(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A tiny random BERT sentence-transformer with all-MiniLM-L6-v2's module structure (tests/sba_tiny.py), one per
-    test module: the SBA stand-in tests build their upcycled MoEs from it."""
-    from sba_tiny import tiny_sentence_transformer
-    return tiny_sentence_transformer(tmp_path_factory.mktemp("tiny_bert"))
-
-
-@pytest.fixture(scope="module")
-def tiny_standin(tmp_path_factory):
-    """The same tiny random BERT with a stand-in WordPiece tokenizer (``sba_tiny.standin_tokenizer``) instead of
-    MiniLM's: the CUDA tests check device behaviour and run without the asset cache (issue 33)."""
-    from sba_tiny import standin_tokenizer, tiny_sentence_transformer
-    return tiny_sentence_transformer(tmp_path_factory.mktemp("tiny_bert_standin"), tokenizer=standin_tokenizer())
+def tok():
+    """A tiny byte-level BPE tokenizer trained on ``helpers.free_moe.TEXTS`` (no asset cache), one per test module:
+    the Free-MoE and MoCE tests."""
+    from helpers.free_moe import tiny_tokenizer
+    return tiny_tokenizer()

@@ -21,7 +21,8 @@ so the same training runs as a script from that file. The function does the trai
 :func:`moelab.train.train`, which picks up the processes ``accelerate launch`` started; a loader's batch size is
 the *global* batch (``split_batches``), so the same config gives the same optimisation on 1 or N processes.
 If the function returns a JSON-able value (a dict, or a DataFrame, written as records) and ``--out FILE`` is given,
-the main process writes it there. Introduced in ``notebooks/00_moe_primer.py``; tested in ``tests/test_train_launch.py``.
+the main process writes it there. Introduced in ``notebooks/00_moe_primer.py``; tested in
+``tests/train/test_launch.py``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ What it does (and what it leaves to Accelerate):
   - exact resume: Accelerate restores RNG states at load time, but the data loader draws from the global RNG
     when an epoch's iterator is created, so the RNG state is captured *after* fetching the next micro-batch
     and restored after re-fetching it on resume (the resumed run then matches the uninterrupted one bit for bit
-    on CPU, see ``tests/test_train.py``).
+    on CPU, see ``tests/train/test_train.py``).
 
 Per step: ``loss_fn`` on ``grad_accum`` micro-batches -> ``after_backward`` hook (gradients editable; MASS) ->
 gradient clipping -> ``optimizer.step()`` -> ``after_step`` hook (EMA teachers) -> metrics row ->

@@ -197,7 +197,7 @@ class RiseThenFall:
     """"Rises, then re-stabilises" on a FIXED held-out batch: ``values`` [seeds, steps] (column 0 = initialisation).
     Per seed, with ``early`` = mean of the first half of the post-init steps and ``late`` = mean of their last third:
     rise = early - init, fall = early - late, and the seed's statistic is min(rise, fall); t-interval over seeds. A
-    monotone (saturating) rise has fall <= 0, so it cannot pass (tests/test_claims_calibration.py)."""
+    monotone (saturating) rise has fall <= 0, so it cannot pass (tests/claims/test_calibration.py)."""
     steps: Any
     values: Any
     n_items: int | None = None

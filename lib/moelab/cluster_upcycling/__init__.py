@@ -27,8 +27,8 @@ from moelab.cluster_upcycling.report import (
 # edited (docs/NOTES.md lists them). Nothing is added here.
 from moelab.cluster_upcycling.experiment import text_experiment  # noqa: F401  (scripts/tune_03.py)
 from moelab.cluster_upcycling.report import choose_tuned, tuning_summary  # noqa: F401  (scripts/tune_03.py)
-from moelab.cluster_upcycling.analysis import expert_similarity  # noqa: F401  (tests/test_layering.py)
-from moelab.cluster_upcycling.method import (  # noqa: F401  (tests/test_layering.py: the moved names)
+from moelab.cluster_upcycling.analysis import expert_similarity  # noqa: F401  (tests/run/test_layering.py)
+from moelab.cluster_upcycling.method import (  # noqa: F401  (tests/run/test_layering.py: the moved names)
     ClusterAwareInit, KMeansResult, TruncResult, cluster_aware_expert_weights, data_aware_truncate, effective_rank,
     spherical_kmeans, whitening_factor)
 from moelab.cluster_upcycling.experiment import run_from_config  # noqa: F401  (launch target, docs/paper-scale.md)

@@ -27,10 +27,10 @@ from moelab.moce.report import (
 # Not the notebook's: ``moelab.suite.scorer`` finds MoCE's stack as ``sys.modules["moelab.moce"].TopStack`` (the
 # scorer is frozen this session); the other names are read through the package by files outside this package that
 # move to their defining module when next edited (docs/NOTES.md lists them). Nothing is added here.
-from moelab.moce.clustering import find_knee  # noqa: F401  (tests/test_layering.py)
-from moelab.moce.data import build_cache, subsample  # noqa: F401  (tests/test_suite_scorer.py, ..._instruct_balance.py)
-from moelab.moce.experiment import per_item_nll  # noqa: F401  (tests/test_suite_scorer.py)
-from moelab.moce.method import (  # noqa: F401  (tests/test_suite_scorer.py, tests/test_router_task_grad.py)
+from moelab.moce.clustering import find_knee  # noqa: F401  (tests/run/test_layering.py)
+from moelab.moce.data import build_cache, subsample  # noqa: F401  (tests/suite/test_scorer.py, test_instruct_balance.py)
+from moelab.moce.experiment import per_item_nll  # noqa: F401  (tests/suite/test_scorer.py)
+from moelab.moce.method import (  # noqa: F401  (tests/suite/test_scorer.py, tests/core/test_router_task_grad.py)
     MoCEFFN, group_context, install, moce_layers, uninstall, variant_spec)
 from moelab.moce.trunk import TopStack  # noqa: F401  (moelab.suite.scorer)
 from moelab.moce.experiment import run_from_config  # noqa: F401  (launch target, docs/paper-scale.md)

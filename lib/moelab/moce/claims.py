@@ -134,7 +134,7 @@ def paired_seeds(T, a: str, b: str, *, stem: str = SCORES, metric: str = "bpb", 
 def _dependence_evidence(counts: pd.DataFrame, what: str, n_shuffles: int = N_SHUFFLES):
     """The permutation test as Precomputed evidence. Interval: V minus its shuffled-label mean, ± t_0.975 x the
     shuffled-label s.d. (test inversion under a shift of the null; decides ~4% of independent tables,
-    tests/test_claims_calibration.py). The bootstrap-of-items interval it replaces decided ~9% of them: V is biased
+    tests/claims/test_calibration.py). The bootstrap-of-items interval it replaces decided ~9% of them: V is biased
     upward under resampling."""
     r = independence_test(counts.to_numpy(), n_shuffles=n_shuffles)
     # mde = (z_0.975 + z_0.80) x the null's s.d.; the s.d. is estimated from n_shuffles draws: t quantile

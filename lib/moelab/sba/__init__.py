@@ -12,7 +12,7 @@ profile on nomic), ``report`` (tables, sentences and figures), ``claims`` (the v
 
 This package exports the names notebook 02 calls, plus :data:`OUTSIDE_USERS`, names files outside the package read
 here (``run_from_config``: the ``moelab.launch`` entry point named in docs/paper-scale.md; ``training_table``:
-tests/test_router_grad.py); anything else imports from its module (``from moelab.sba.loader import load_nomic``).
+tests/core/test_diagnostics.py); anything else imports from its module (``from moelab.sba.loader import load_nomic``).
 """
 from moelab.sba import config, data, experiment, geometry, items, loader, method, regime, report, standin  # noqa: F401
 from moelab.sba.config import profile, profile_table
