@@ -413,7 +413,7 @@ CLAIMS: list[Claim] = [
                "min(rise, fall) (> 0: a rise from init and a fall after it, each beyond noise)",
         unit="normalised entropy", higher_is_better=True, proxy=False, paper_value=None, expected_sign=+1,
         note="the poster's panel is a sketch without numbers; the shape is tested per seed (a rise, then a fall, each "
-             "beyond noise: a monotone saturating rise cannot pass, tests/test_claims_calibration.py)",
+             "beyond noise: a monotone saturating rise cannot pass, tests/claims/test_calibration.py)",
         legacy="cluster-aware routing explores then restabilises",
         evidence=explores_then_restabilises,
     ),
