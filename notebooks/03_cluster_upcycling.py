@@ -54,7 +54,7 @@ display(cu.profile_table(PROFILE))
 # ## Paper profile: CLIP ViT-B in open_clip's format
 # The paper's backbone is not obtainable here. With `PROFILE="paper"` the notebook reads the MLP weights of a local
 # open_clip checkpoint (`visual.transformer.resblocks.{i}.mlp.c_fc/c_proj`) and stops with `MissingAsset` when the
-# file is absent; its format handling is unit-tested on a tiny state dict in that layout (`tests/test_cluster_upcycling.py`).
+# file is absent; its format handling is unit-tested on a tiny state dict in that layout (`tests/cluster_upcycling/test_method.py`).
 # Running CLIP forward (to collect its activations) needs `open_clip`, which is not installed here.
 
 # %%
