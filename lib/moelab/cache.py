@@ -636,6 +636,18 @@ def _keyed(config: dict, fn: Callable, version=None) -> tuple[dict, dict]:
     return cfg, closure
 
 
+# How this process has used the artifact cache: entries reused, entries built, and the seconds spent building the
+# outermost ones (a build that memoises inner steps counts its own time once). A run's provenance records the
+# difference over the run (moelab.nbrun), so a wall time measured on a warm cache is never read as a cold one.
+USAGE = {"reused": 0, "built": 0, "build_s": 0.0}
+_BUILD_DEPTH = [0]
+
+
+def usage() -> dict:
+    """A copy of :data:`USAGE` (take one at the start of a run and subtract it at the end)."""
+    return dict(USAGE)
+
+
 def _artifact(kind: str, config: dict, build: Callable[[Path], None], keyed_by: Callable, version=None) -> Path:
     if not kind or "/" in kind:
         raise ValueError(f"artifact kind must be a non-empty name without '/', got {kind!r}")
@@ -643,10 +655,20 @@ def _artifact(kind: str, config: dict, build: Callable[[Path], None], keyed_by: 
     path = cache_root() / "artifacts" / kind / key(cfg)
     if is_complete(path) and (problems := entry_problems(path)):
         invalidate(path, problems)
-    if not is_complete(path):
+    if is_complete(path):
+        USAGE["reused"] += 1
+        return path
+    t0 = time.perf_counter()
+    _BUILD_DEPTH[0] += 1
+    try:
         with atomic_dir(path, meta={"kind": kind, "config": cfg, "code": closure}) as tmp:
             (tmp / "config.json").write_text(json.dumps(cfg, sort_keys=True, indent=1, default=_json_default))
             build(tmp)
+    finally:
+        _BUILD_DEPTH[0] -= 1
+    USAGE["built"] += 1
+    if _BUILD_DEPTH[0] == 0:
+        USAGE["build_s"] = round(USAGE["build_s"] + time.perf_counter() - t0, 1)
     return path
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from moelab.claims import frame as claims_frame
 from moelab.claims import rebuild as claims_rebuild
-from moelab.cache import source_digest
+from moelab.cache import source_digest, usage as cache_usage
 from moelab.profiles import check_profile
 from moelab.seed import seed_everything
 
@@ -326,6 +326,7 @@ class NotebookRun:
             shutil.rmtree(self.out_dir, ignore_errors=True)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.t0 = time.time()
+        self._cache_at_start = cache_usage()
         self.commit_at_start = git_commit()   # a long run can span commits: provenance keeps both ends
         self._manifest_path = self.out_dir / "manifest.json"
         self._entries: dict[str, dict] = {}
@@ -338,7 +339,15 @@ class NotebookRun:
                 "commit": git_commit(), "commit_at_start": self.commit_at_start, "packages": package_versions(),
                 "hardware": hardware(),
                 "wall_time_s": round(time.time() - self.t0, 1), "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-                "params": runner_params(), **self._extra}
+                "params": runner_params(), "artifact_cache": self.artifact_cache(), **self._extra}
+
+    def artifact_cache(self) -> dict:
+        """Artifact-cache use since this run started: ``reused`` and ``built`` entries, ``build_s`` seconds building,
+        and ``state`` "cold" (nothing reused) or "warm" (its wall time is a rerun's, not a cold run's)."""
+        now = cache_usage()
+        d = {k: round(now[k] - self._cache_at_start[k], 1) if k == "build_s" else now[k] - self._cache_at_start[k]
+             for k in now}
+        return {**d, "state": "warm" if d["reused"] else "cold"}
 
     def note(self, **info):
         """Record extra provenance (e.g. steps each variant got, model names) in provenance.json."""

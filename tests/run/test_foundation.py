@@ -149,6 +149,10 @@ def test_run_outputs_index_and_provenance(tmp_figures, monkeypatch):
     commits = iter(["aaa", "bbb"])                      # HEAD moves while the run is in progress
     monkeypatch.setattr("moelab.nbrun.git_commit", lambda: next(commits, "bbb"))
     run = NotebookRun("09_demo", profile="default", seed=3, publish=True)
+    from moelab import cache
+    monkeypatch.setenv("MOELAB_CACHE", str(tmp_figures / "cache"))
+    cache.memo("demo_step", {"nonce": str(tmp_figures)}, lambda: 1)          # built in this run
+    cache.memo("demo_step", {"nonce": str(tmp_figures)}, lambda: 1)          # then reused
     fig, ax = plt.subplots()
     ax.plot([0, 1], [1, 0])
     png = run.savefig(fig, "fig2", "frontier", caption="demo")
@@ -163,6 +167,8 @@ def test_run_outputs_index_and_provenance(tmp_figures, monkeypatch):
     prov = json.loads((final / "provenance.json").read_text())
     assert prov["seed"] == 3 and prov["profile"] == "default" and "torch" in prov["packages"]
     assert (prov["commit_at_start"], prov["commit"]) == ("aaa", "bbb")
+    c = prov["artifact_cache"]                            # counted from the run's start: one built, one reused
+    assert (c["built"], c["reused"], c["state"]) == (1, 1, "warm") and c["build_s"] >= 0
     with pytest.raises(ValueError, match="slug"):
         run.savefig(fig, "fig2", "Bad Slug")
     with pytest.raises(ValueError, match="Figure"):

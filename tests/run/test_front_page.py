@@ -245,6 +245,14 @@ def test_every_timing_equals_its_provenance():
         assert r["commit"].endswith("+dirty") == prov["commit"].endswith("+dirty")
         assert r["finished"] == prov["finished"]
         assert r["torch threads"] == str(prov["hardware"]["torch_threads"])
+        assert r["artifact cache"] == notebooks.cache_state(prov)
     committed = {p.parent.resolve() for p in (ROOT / "figures").glob("*/**/provenance.json")
                  if not any(part.startswith(".") for part in p.relative_to(ROOT / "figures").parts)}
     assert seen == committed
+
+
+def test_cache_state_labels_warm_runs():
+    assert notebooks.cache_state({}) == "not recorded"
+    assert notebooks.cache_state({"artifact_cache": {"reused": 0, "built": 7, "build_s": 3.0}}) == "cold (7 built)"
+    assert notebooks.cache_state({"artifact_cache": {"reused": 5, "built": 1, "build_s": 3.0}}) == \
+        "warm (5 reused, 1 built)"
