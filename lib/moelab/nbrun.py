@@ -193,8 +193,21 @@ def package_versions() -> dict:
     return out
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo; else ``platform.processor()``). Recorded because some embedders
+    (e.g. the prebuilt e5 engine) give machine-dependent floats: numbers can move between CPU models."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def hardware() -> dict:
-    hw = {"platform": platform.platform(), "cpu_count": os.cpu_count(), "machine": platform.machine()}
+    hw = {"platform": platform.platform(), "cpu_count": os.cpu_count(), "machine": platform.machine(),
+          "cpu_model": cpu_model()}
     try:
         import torch
 

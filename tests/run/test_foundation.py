@@ -166,6 +166,7 @@ def test_run_outputs_index_and_provenance(tmp_figures, monkeypatch):
     assert "09_demo/fig2_frontier.png" in idx and "table1_main.csv" in idx and "| default |" in idx
     prov = json.loads((final / "provenance.json").read_text())
     assert prov["seed"] == 3 and prov["profile"] == "default" and "torch" in prov["packages"]
+    assert prov["hardware"]["cpu_model"]                  # floats of some embedders depend on the CPU model
     assert (prov["commit_at_start"], prov["commit"]) == ("aaa", "bbb")
     c = prov["artifact_cache"]                            # counted from the run's start: one built, one reused
     assert (c["built"], c["reused"], c["state"]) == (1, 1, "warm") and c["build_s"] >= 0
