@@ -228,6 +228,7 @@ def test_05_bands_selected_on_at_chance_items_gate_the_likelihood_claims(tmp_pat
     src = ROOT / "figures" / "05_free_moe" / "full"
     dst = tmp_path / "f"
     shutil.copytree(src, dst)
+    (dst / f"{nb05.SELECTED}.csv").unlink(missing_ok=True)       # as saved before the gated selection
     T = Tables(dst)
     assert "moelab_math_mc" in nb05.selected_at_chance(T, nb05.NLL_MATHS)
     assert nb05.selected_at_chance(T, nb05.NLL_CODE) is None

@@ -213,8 +213,9 @@ def test_selection_claims_hold_by_construction(tmp_path):
 
 def test_ablation_options_per_metric(tmp_path):
     rng = np.random.default_rng(5)
-    rows = [dict(method=o, task=t, id=i, metric=m, score=(rng.normal(-1, 0.2) if m == "loglik" else
-                                                          float(rng.random() < 0.4)))
+    # the unpurified model scores below every option (a ranking needs its winner above it)
+    rows = [dict(method=o, task=t, id=i, metric=m, score=(rng.normal(-1, 0.2) - 2 * (o == "base") if m == "loglik"
+                                                          else float(rng.random() < 0.4) * (o != "base")))
             for o in ("mlp", "attn", "both", "base") for t, ms in ((nb05.MATH_MC, ("acc", "loglik")),
                                                                    (nb05.NLL_MATHS, ("loglik",)))
             for i in range(15) for m in ms]
@@ -244,3 +245,22 @@ def test_a_ranking_over_options_this_profile_did_not_run_is_not_in_this_profile(
     assert isinstance(ev, NotInProfile) and ev.profile == "paper" and "2x2 not run" in ev.reason
     full = nb05.options_evidence("table4_patch-items", nb05.NLL_CODE, "loglik", ("1x1", "4x4", "16x16"))(T)
     assert isinstance(full, Options) and set(full.scores) == {"1x1", "4x4", "16x16"}
+
+
+def test_a_best_option_claim_needs_its_winner_above_the_base_model():
+    """Tables 2-5 rank purifications that each improve on the model: where every option is below the unpurified
+    model, "best" means "hurts least" and the ranking is outside the regime (with every mean named)."""
+    import numpy as np
+    import pandas as pd
+
+    from moelab.claims import OutsideRegime
+    from moelab.free_moe.claims import winner_not_above_base
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(-1.0, 0.2, 60)
+    below = pd.DataFrame({"base": base, "mlp": base - 0.3, "attn": base - 0.1 + rng.normal(0, 0.01, 60)})
+    out = winner_not_above_base(below, ("mlp", "attn"))
+    assert isinstance(out, OutsideRegime) and "attn" in out.check and "hurts least" in out.check
+    above = below.assign(attn=base + 0.1 + rng.normal(0, 0.01, 60))
+    assert winner_not_above_base(above, ("mlp", "attn")) is None
+    assert winner_not_above_base(below.drop(columns="base"), ("mlp", "attn")) is None

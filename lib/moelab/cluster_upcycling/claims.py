@@ -11,7 +11,7 @@ table gives I->T and T->I only; their mean equals the zero-shot table's Avg. for
 cluster-aware); the suite's retrieval benchmarks (recall@1) -> MSCOCO Avg. as well; the small Fashion-MNIST ViT's
 CIFAR-10 5/10-shot probes and fine-tuning -> the ImageNet-1k 5-shot / 10-shot / FT columns.
 
-The analyses are judged against the initialisation (issue 21): where a metric after training equals its value at
+The analyses are judged against the initialisation: where a metric after training equals its value at
 initialisation (the cluster router *is* the k-means partition that compactness groups by), the claim holds by the
 initialisation, not by training; a property the poster states of the initialisation itself (confident routing at
 init, Drop-Upcycling's disruption) is labelled ``holds by construction`` (by the initialisation) when it holds in
@@ -19,7 +19,7 @@ every seed, never ``reproduced``. Specialisation is also measured by expert-outp
 inputs. Retrieval claims are read at the end of training; Drop-Upcycling's result is read as initialisation damage
 repaired or not (its R@1 gap to the untrained dense model at init, ``table1_r1_init``, and at the end). Trained
 comparisons use per-seed values and a paired t-interval over seeds. The vision stand-in's few-shot probes are not
-run (issue 21: no signal on this ViT); its fine-tuning is.
+run (no signal on this ViT); its fine-tuning is.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from moelab.claims import (ByConstruction, Claim, Insufficient, Level, NotInProf
                             RiseThenFall, Seeds, Unobtainable)
 
 R1 = "table1_zero_shot_r1"
-R1_INIT = "table1_r1_init"  # R@1 of the initialised models before training (issue 21 item 3)
+R1_INIT = "table1_r1_init"  # R@1 of the initialised models before training
 SUITE = "table1_suite_benchmarks"
 PANELS = "analysis_panels"
 VIT = "table2_vit_fewshot_ft"
-HELDOUT_ENTROPY = "analysis_entropy_heldout"  # a fixed held-out batch at fixed steps (issue 21 item 1)
+HELDOUT_ENTROPY = "analysis_entropy_heldout"  # a fixed held-out batch at fixed steps
 UNCHANGED = 0.01  # |final - init| (per-seed mean over MoE layers) below which an analysis metric did not move
 
 R1_UNIT = dict(metric="held-out suite pairs R@1, mean of both directions", unit="points (x100)",
@@ -114,7 +114,7 @@ def _init_gap_text(T, method: str, dense: float) -> str:
 
 def r1_vs_drop(T):
     """Cluster-aware minus Drop-Upcycling R@1 at the end. When Drop still ends below the untrained dense model, its
-    initialisation damage was not repaired by our training (issue 21 item 3): the gap then measures that damage, not
+    initialisation damage was not repaired by our training: the gap then measures that damage, not
     the poster's comparison after 1.3B samples (where Drop ends 1.9 points above the dense model), so it is not
     tested; ``drop_damage_repaired`` reads the repair itself."""
     r1 = T.csv(R1)
@@ -236,7 +236,7 @@ def entropy_trajectory(T, method: str = "cluster_eesd") -> pd.DataFrame:
 
 
 def explores_then_restabilises(T):
-    """Panel 3's "explores and restabilizes" as a shape test (issue 32): on the fixed held-out batch at fixed steps,
+    """Panel 3's "explores and restabilizes" as a shape test: on the fixed held-out batch at fixed steps,
     per seed, a rise (early mean - init) and a fall (early mean - late mean), the seed's statistic the smaller of the
     two (:class:`moelab.claims.RiseThenFall`); a monotone saturating curve has no fall, so it cannot pass (the slope
     on ``-|step - mid|`` it replaces passed any concave rise)."""
@@ -283,7 +283,7 @@ def vit_vs(T, task: str, base: str):
     return seeds_evidence(v, "cluster_eesd", base, "accuracy", profile=T.profile)
 
 
-PROBES_DROPPED = ("the few-shot probes are not run (issue 21): on this small Fashion-MNIST ViT, CIFAR-10 (grey 28x28) "
+PROBES_DROPPED = ("the few-shot probes are not run: on this small Fashion-MNIST ViT, CIFAR-10 (grey 28x28) "
                   "probes carried no signal (the review measured them below a raw-pixel probe and equal to a "
                   "random-init ViT), so they cannot test the poster's few-shot gains; fine-tuning is the vision test")
 
@@ -390,7 +390,7 @@ CLAIMS: list[Claim] = [
         metric="mean pairwise cosine of the experts' outputs on the same held-out layer inputs",
         unit="cosine", higher_is_better=False, proxy=False, paper_value=None, expected_sign=-1,
         compare=("cluster_eesd", "sparse"),
-        note="issue 21: specialisation measured on shared held-out inputs; sparse upcycling's is 1 at init by "
+        note="specialisation measured on shared held-out inputs; sparse upcycling's is 1 at init by "
              "definition (identical experts)",
         evidence=lambda T: panel_vs_sparse(T, "expert_output_similarity", "expert-output similarity",
                                            lambda c, s: c < s, EXPERTS_WHY),
@@ -473,7 +473,7 @@ CLAIMS: list[Claim] = [
         metric=f"{task_name} accuracy (small ViT pretrained on Fashion-MNIST)", unit="points (x100)",
         paper_metric=f"ImageNet-1k {col} accuracy", paper_unit="points (x100)", higher_is_better=True, proxy=True,
         paper_value={"cluster_eesd": a, base: b}, compare=("cluster_eesd", base),
-        legacy=None if (task, base) == ("cifar_ft", "dense") else (  # new in issue 21: no older claim
+        legacy=None if (task, base) == ("cifar_ft", "dense") else (  # new in no older claim
             [f"ViT: cluster-aware upcycling beats {'sparse upcycling' if base == 'sparse' else 'the dense model'} "
              f"on {task}"] + (["few-shot (5/10-shot) and full fine-tuning gains; vision upcycling of a small ViT"]
                               if (task, base) == ("cifar_5shot", "sparse") else [])),

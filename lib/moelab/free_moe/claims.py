@@ -1,4 +1,4 @@
-"""Claim definitions of notebook 05 (Free-MoE / DOWP, paper 004), issue 14 / issue 22.
+"""Claim definitions of notebook 05 (Free-MoE / DOWP, paper 004).
 
 Every verdict is computed from the per-item tables the notebook saved (docs/CLAIMS.md). The compared models are one
 pretrained model with and without a purification mask (no training in between), so held-out test items are the unit
@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from moelab.claims import (ByConstruction, Claim, Insufficient, Items, MissingTable, NotInProfile, Options, Regime,
-                           Unobtainable)
+from moelab.claims import (ByConstruction, Claim, Insufficient, Items, MissingTable, NotInProfile, Options,
+                           OutsideRegime, Regime, Unobtainable)
+from moelab.stats import paired_t_interval
 
 ITEMS = "table1_main-items"            # per test item, method and metric (acc 0/1, loglik nats/token, pass@k)
 KEEP = "keep_off-domain-items"          # per probe item: dense vs another domain's DSS-Experts, answer likelihood
@@ -95,7 +96,7 @@ def selected_at_chance(T, task: str, all_domains: bool = False) -> str | None:
 
 
 def usable(T, task: str, metric: str, all_domains: bool = False) -> Regime:
-    """The regime check of a claim on ``task`` in ``metric`` (issue 32: the same check for every claim on the task):
+    """The regime check of a claim on ``task`` in ``metric`` (the same check for every claim on the task):
     accuracy on a multiple-choice task needs the model above chance, the best always-same-position and the best
     question-blind baseline (``baselines_accuracy``, the scorecard's rule); pass@k needs at least one passed item;
     the likelihood of reference answers on the nll tasks has no chance level (docs/scorecard.md: usable)."""
@@ -237,9 +238,30 @@ def options_evidence(table: str, task: str, metric: str, options):
             return NotInProfile("paper", f"the paper ranks {', '.join(options)}; this profile runs "
                                          f"{', '.join(have) or 'none of them'} ({', '.join(missing)} not run: see "
                                          "free_moe/config.py), so the ranking is scored by the paper profile")
+        if (below := winner_not_above_base(p, options)) is not None:
+            return below
         return Options({o: p[o].to_numpy() for o in options}, unit_of_replication="items",
                        score_range=None if metric == "loglik" else BOUNDED)
     return evidence
+
+
+def winner_not_above_base(p, options) -> OutsideRegime | None:
+    """A "best option" claim ranks purifications that each improve on the model (the paper's Tables 2-5); where the
+    ablation also scored the unpurified model (``base`` column, same items), our winner must be above it: paired
+    95% interval of winner - base above 0. Otherwise "best" only means "hurts least", and the ranking is outside the
+    regime the paper tests (returned with every option's mean beside the base's). None when it is above, or when
+    the table has no base column."""
+    if "base" not in p.columns:
+        return None
+    means = {o: float(p[o].mean()) for o in options}
+    win = max(means, key=means.get)
+    iv = paired_t_interval(p[win].to_numpy(), p["base"].to_numpy())
+    if iv.low > 0:
+        return None
+    return OutsideRegime(f"no option improves on the unpurified model: base {p['base'].mean():.4g}; "
+                         + ", ".join(f"{o} {m:.4g}" for o, m in means.items())
+                         + f"; the winner {win} - base {iv.estimate:+.4g} [{iv.low:+.4g}, {iv.high:+.4g}] (paired over "
+                         f"{len(p)} items), so \"best\" would mean \"hurts least\"")
 
 
 def keep_evidence(mask_domain: str):
@@ -323,7 +345,7 @@ def _keep_claim(domain: str):
                  paper_ref=PAPER_KEEP, metric=f"answer log-likelihood per token of the non-{domain} probe items",
                  unit=LL_UNIT, paper_metric="accuracy", paper_unit=ACC_UNIT, paper_higher_is_better=True, proxy=True,
                  compare=("purified", "BASELINE"), tolerance=LL_TOL, tolerance_why=LL_TOL_WHY,
-                 note="issue 22: purification's cost outside its own domain (FREE-MOE's misrouted items meet it)",
+                 note="purification's cost outside its own domain (FREE-MOE's misrouted items meet it)",
                  determined_by="training", extension=True, proxy_for=KEEP_PROXY_FOR, evidence=keep_evidence(domain))
 
 
@@ -413,7 +435,7 @@ CLAIMS = [
           metric="answer log-likelihood per token of the test items routed to another main domain", unit=LL_UNIT,
           paper_metric="accuracy", paper_unit=ACC_UNIT, paper_higher_is_better=True, proxy=True,
           compare=("FREE-MOE", "BASELINE"), tolerance=LL_TOL, tolerance_why=LL_TOL_WHY,
-          note="issue 22: the router's errors put items under a foreign domain's DSS-Expert",
+          note="the router's errors put items under a foreign domain's DSS-Expert",
           evidence=misrouted_evidence),
     # ---- the selection protocol: Tables 6-10 Max column = Table 1 DOWP row (selection on the evaluated items)
     Claim(id="dowp_reference_gain_by_selection", determined_by="definition",
@@ -460,7 +482,7 @@ CLAIMS = [
           paper_ref="Table 4, HumanEval pass@1 column", metric=f"answer log-likelihood per token on {NLL_CODE}",
           unit=LL_UNIT, paper_metric="HumanEval pass@1", paper_unit=ACC_UNIT, paper_higher_is_better=True, proxy=True,
           paper_value={"1x1": 15.73, "2x2": 15.67, "4x4": 14.88, "16x16": 13.97}, best="1x1",
-          note="issue 22: with Wanda's per-row rounding 16x16 bands purified 3.1-5.5% of weights; here every patch "
+          note="with Wanda's per-row rounding 16x16 bands purified 3.1-5.5% of weights; here every patch "
                "size purifies the same share (exact counts)",
           legacy="1x1 patches are best",
           evidence=proxy_guard(NLL_CODE, "loglik", options_evidence("table4_patch-items", NLL_CODE, "loglik", ("1x1", "2x2", "4x4", "16x16"))),

@@ -170,7 +170,7 @@ CLAIMS = [
           paper_value=None, target=0.0, tolerance=ELBOW_TOL,
           tolerance_why="an expert count is an integer and per-seed frontiers move the elbow by 1-3 experts; "
                         "the paper gives no spread",
-          note="'or below' is not scored: a pool that never grows is below any elbow (issue 18: the router did not "
+          note="'or below' is not scored: a pool that never grows is below any elbow (the router did not "
                "learn); the elbow is treated as fixed (its seed spread is checked, not propagated)",
           legacy="MASS settles near the elbow of the naive frontier", evidence=elbow_evidence),
     # Sec. 4.3 Results: "it consistently matches or surpasses the best-performing static MoE baselines" (Fig. 2

@@ -19,7 +19,7 @@ Stand-ins and their paper columns (one column per stand-in benchmark):
 Trained comparisons use per-seed means (items averaged within a seed) and a paired t-interval over seeds (default and
 full train 3 seeds of each compared variant; fewer than 3 seeds -> ``inconclusive``). The A/A check trains PESC a
 second time on three other seeds and compares the two arms like any claim (Welch over seeds), so the seed noise of
-this scale is reported beside the verdicts (issue 14 item 6).
+this scale is reported beside the verdicts.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def moce_regime(T) -> Regime:
 def specialised_seeds(T, dom: str):
     """MoCE - the ``dom``-specialised PESC model on pooled bits per byte, unless the specialised arm collapsed out of
     its domain (worse than the untrained model on another domain): an unbounded pooled bpb in which one arm is below
-    the untrained model cannot stand in for a bounded accuracy average (issue 32)."""
+    the untrained model cannot stand in for a bounded accuracy average."""
     arm = f"specialised_{dom}"
     ev = paired_seeds(T, "moce", arm, profile_note=" (specialised runs only in full)")
     if not isinstance(ev, Seeds):
@@ -360,7 +360,7 @@ CLAIMS: list[Claim] = [
         id="aa_pesc_seed_noise",
         claim="A/A check (no paper claim): two identically configured PESC arms that differ only by their training "
               "seeds agree within 0.02 bits per byte",
-        paper_ref="none: the A/A noise check of the claims engine (issue 14 item 6), PESC on seeds s..s+2 vs s+3..s+5; "
+        paper_ref="none: the A/A noise check of the claims engine, PESC on seeds s..s+2 vs s+3..s+5; "
                   "the 'paper' difference is the 0 that identical configurations have by construction",
         metric="held-out answer bits per byte, 3 domains pooled", unit="bits per byte", higher_is_better=False,
         paper_value=0.0, compare=(AA_ARM, "pesc"), tolerance=AA_TOLERANCE, determined_by="training", extension=True,

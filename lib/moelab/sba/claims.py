@@ -273,7 +273,7 @@ def phase_c_gate(T) -> str | None:
 
 
 def table_regime(bench: str):
-    """The regime check of every Table I/II claim on ``bench`` (issue 32: a gate that does not look at the answer):
+    """The regime check of every Table I/II claim on ``bench`` (a gate that does not look at the answer):
     phase (b) reached the paper's regime (:func:`regime_gate`) and ``bench`` separates MiniLM from the baselines
     (:func:`separation_gate`)."""
     def regime(T) -> Regime:
@@ -513,7 +513,7 @@ def legacy_fig5_sba(T):
     r = ft.loc[SBA_FT]
     if abs(float(r["weight_sum_mean"]) - 1) > 1e-3:
         return Insufficient(f"kept top-2 weight mass {r['weight_sum_mean']:.3f} (unnormalised routing): "
-                            "||y||/Σ w_i r_i per token is needed (issue 19 item 2) and is not saved")
+                            "||y||/Σ w_i r_i per token is needed and is not saved")
     return ByConstruction("definition", ours=float(r["ratio_sba_mean"]),
                           reason=(f"with renormalised top-2 weights SBA's radius Σ w_i r_i is a weighted mean of r1 "
                                   f"and r2, so ||y||/r̄ = 1 up to the radius mix (measured "
