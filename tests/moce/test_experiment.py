@@ -18,6 +18,7 @@ from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig, Lla
 
 from moelab import assets, launch, moce
 from moelab import train as mtrain
+from helpers.suite import loglikelihood_requests
 from moelab.suite import encoding, lmeval, scorer
 
 torch.set_num_threads(1)
@@ -237,21 +238,13 @@ def test_real_gemma3_tokenizer_trains_with_bos():
 
 
 # ---------------------------------------------------------------------------------------------------- item 4
-def _requests(task, n):
-    out = []
-    for d in lmeval.task_docs(task)[:n]:
-        if "choices" in d:
-            out += [Instance("loglikelihood", d, (d["prompt"], " " + c), i) for i, c in enumerate(d["choices"])]
-        else:
-            out.append(Instance("loglikelihood", d, (d["context"], d["continuation"]), 0))
-    return out
 
 
 def test_batched_request_hook_equals_one_request_at_a_time(smollm2):
     tok = smollm2[1]
     model = with_random_moce(tiny_llama(len(tok)), moce.variant_spec("moce", 2, 2, rank=4), [2, 3])
-    reqs = (_requests("bb_date_understanding", 2) + _requests("bb_sports_understanding", 3)
-            + _requests("nll_maths", 3))
+    reqs = (loglikelihood_requests("bb_date_understanding", 2)
+            + loglikelihood_requests("bb_sports_understanding", 3) + loglikelihood_requests("nll_maths", 3))
     hook = moce.experiment.make_request_hook(model, lambda text: len(text) % 2)
     assert callable(hook.for_batch)
     batched = lmeval.FastHFLM(pretrained=model, tokenizer=tok, batch_size=4, request_hook=hook)

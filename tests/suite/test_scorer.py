@@ -13,6 +13,7 @@ from lm_eval.api.registry import get_model
 from lm_eval.models.huggingface import HFLM
 
 from moelab import assets, free_moe, moce
+from helpers.suite import loglikelihood_requests
 from moelab.suite import lmeval, scorer
 
 TOL_PER_TOKEN = 1e-4   # nats per continuation token (float32)
@@ -40,14 +41,6 @@ def tiny_gemma(smollm2):
     return Gemma3ForCausalLM(cfg).eval(), tok
 
 
-def _requests(task: str, n: int) -> list[Instance]:
-    out = []
-    for d in lmeval.task_docs(task)[:n]:
-        if "choices" in d:
-            out += [Instance("loglikelihood", d, (d["prompt"], " " + c), i) for i, c in enumerate(d["choices"])]
-        else:
-            out.append(Instance("loglikelihood", d, (d["context"], d["continuation"]), 0))
-    return out
 
 
 def _compare(ref_lm, fast_lm, reqs):
@@ -64,7 +57,7 @@ def test_equals_hflm_on_every_task_type(which, request):
     model, tok = request.getfixturevalue(which)
     ref = HFLM(pretrained=model, tokenizer=tok, batch_size=4)
     fast = lmeval.FastHFLM(pretrained=model, tokenizer=tok, batch_size=4)
-    diffs = {kind: _compare(ref, fast, _requests(task, n)) for kind, (task, n) in TASK_TYPES.items()}
+    diffs = {kind: _compare(ref, fast, loglikelihood_requests(task, n)) for kind, (task, n) in TASK_TYPES.items()}
     # rolling bits per byte: documents longer than the tiny Gemma's 256-token window span several windows
     docs = [Instance("loglikelihood_rolling", {}, (d["continuation"] * 3,), 0) for d in lmeval.task_docs("nll_code")[:2]]
     a = ref.loglikelihood_rolling(docs, disable_tqdm=True)
@@ -79,7 +72,7 @@ def test_left_truncation_equals_hflm(smollm2):
     model, tok = smollm2   # date prompts are ~120 tokens: every option's context is cut, differently per option
     ref = HFLM(pretrained=model, tokenizer=tok, batch_size=4, max_length=64)
     fast = lmeval.FastHFLM(pretrained=model, tokenizer=tok, batch_size=4, max_length=64)
-    assert _compare(ref, fast, _requests("bb_date_understanding", 1)) <= TOL_PER_TOKEN
+    assert _compare(ref, fast, loglikelihood_requests("bb_date_understanding", 1)) <= TOL_PER_TOKEN
 
 
 def test_shared_context_equals_plain_path_and_greedy_flag(tiny_gemma):
@@ -238,7 +231,7 @@ def test_registered_model_runs_simple_evaluate_and_equals_hf():
 
 def test_request_hooks(smollm2):
     model, tok = smollm2
-    reqs = _requests("bb_sports_understanding", 2)
+    reqs = loglikelihood_requests("bb_sports_understanding", 2)
     plain_seen, batch_seen = [], []
 
     class BatchHook:
