@@ -200,6 +200,29 @@ def test_verify_catches_a_change_that_flips_a_verdict(runner, tmp_figures, monke
     assert json.loads((tmp_figures / "figures" / NB / "claims.json").read_text()) == committed   # never published
 
 
+def test_verify_reruns_with_the_committed_runs_thread_count(runner, tmp_figures, monkeypatch, tmp_path):
+    """The committed provenance says how many torch threads the run used; the cold rerun gets the same count (its
+    kernel sees OMP_NUM_THREADS / MKL_NUM_THREADS), and the variables are restored afterwards."""
+    monkeypatch.setattr(cli, "VERIFY", tmp_path / "verify")
+    monkeypatch.setattr(cli, "VERIFY_DOCS", tmp_path / "verify-docs")
+    monkeypatch.setenv("MOELAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    _write_nb(runner / "nbs", 'import torch\nrun.save_json({"threads": torch.get_num_threads()}, "threads")\n'
+                              'run.finish()\n')
+    assert cli.main(["run", "--profile", "default", "--no-progress", "--force", "--only", "00"]) == 0
+    fig = tmp_figures / "figures" / NB
+    prov = json.loads((fig / "provenance.json").read_text())
+    prov["hardware"]["torch_threads"] = 1
+    (fig / "provenance.json").write_text(json.dumps(prov))
+    assert cli.committed_threads(fig / "provenance.json") == {"OMP_NUM_THREADS": 1, "MKL_NUM_THREADS": 1}
+    cli.main(["verify", "--profile", "default", "--no-progress", "--only", "00"])
+    fresh = tmp_path / "verify" / NB / "scratch" / "default" / NB / "threads.json"
+    assert json.loads(fresh.read_text()) == {"threads": 1}
+    assert os.environ["OMP_NUM_THREADS"] == "7" and "MKL_NUM_THREADS" not in os.environ
+    assert cli.committed_threads(tmp_path / "nowhere.json") == {}
+
+
 def test_resume_skip_recomputes_claims_and_verdict_code_is_not_a_source(runner, tmp_figures):
     """Verdict code is not part of a run's sources (a claims change never reruns a notebook); a skipped, current
     notebook gets its claims recomputed from its saved tables instead."""

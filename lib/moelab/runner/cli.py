@@ -448,8 +448,23 @@ def write_verify_report(path: Path, report: str, force: bool = False) -> bool:
     return True
 
 
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def committed_threads(prov_path: Path) -> dict:
+    """``{OMP_NUM_THREADS: n, MKL_NUM_THREADS: n}`` for the torch thread count the committed run recorded (``{}``
+    when it recorded none). A cold rerun with another count sums in another order, and a trained model drifts by
+    more than rounding (02's phase b: geometry levels 1-3% apart between 1 and 2 threads), so verify reruns with the
+    committed run's count."""
+    if not prov_path.exists():
+        return {}
+    n = json.loads(prov_path.read_text()).get("hardware", {}).get("torch_threads")
+    return {v: int(n) for v in THREAD_VARS} if isinstance(n, int) and n > 0 else {}
+
+
 def cmd_verify(a) -> int:
-    """Rerun notebooks cold into the scratch folder and compare their claims with the committed ones."""
+    """Rerun notebooks cold into the scratch folder (with the committed run's torch thread count) and compare their
+    claims with the committed ones."""
     check_profile(a.profile)
     if a.profile == "smoke":
         raise ValueError("verify compares with published results; smoke is never published: use --profile default")
@@ -464,8 +479,11 @@ def cmd_verify(a) -> int:
             continue
         work = VERIFY / src.stem
         cache = cold_cache(work / "cache", real_cache)
-        with _env(MOELAB_CACHE=cache, MOELAB_SCRATCH=work / "scratch"):
-            print(f"{src.stem}: cold rerun of profile {a.profile} (artifact cache {cache} empty) ...", flush=True)
+        threads = committed_threads(committed_path.parent / "provenance.json")
+        with _env(MOELAB_CACHE=cache, MOELAB_SCRATCH=work / "scratch", **threads):
+            print(f"{src.stem}: cold rerun of profile {a.profile} (artifact cache {cache} empty"
+                  + (f"; {threads['OMP_NUM_THREADS']} torch thread(s), as the committed run" if threads else "")
+                  + ") ...", flush=True)
             try:
                 wall = run_one(src, a.profile, seed=a.seed, progress=not a.no_progress, publish=False)
             except Exception as e:  # noqa: BLE001 - a failing notebook fails verify
