@@ -41,26 +41,26 @@ assets-gemma: setup
 	$(PY) -m moelab.assets install --gemma
 
 figures: assets-gemma
-	$(PY) -m moelab.notebooks run --profile $(PROFILE) $(if $(NB),--only $(NB)) --params "$$P"
+	$(PY) -m moelab.runner run --profile $(PROFILE) $(if $(NB),--only $(NB)) --params "$$P"
 
 smoke: assets
-	$(PY) -m moelab.notebooks run --profile smoke --force --no-progress $(if $(NB),--only $(NB))
+	$(PY) -m moelab.runner run --profile smoke --force --no-progress $(if $(NB),--only $(NB))
 
 pytest: assets
 	$(PY) -m pytest -q -n $(JOBS) tests
 
 test: assets
 	$(PY) -m pytest -q -n $(JOBS) tests
-	$(PY) -m moelab.notebooks run --profile smoke --force --no-progress $(if $(NB),--only $(NB))
-	@$(PY) -m moelab.notebooks stale
+	$(PY) -m moelab.runner run --profile smoke --force --no-progress $(if $(NB),--only $(NB))
+	@$(PY) -m moelab.runner stale
 
 stale: setup
-	$(PY) -m moelab.notebooks stale
+	$(PY) -m moelab.runner stale
 
 # rerun notebooks with an empty artifact cache into runs/verify/ and compare every verdict and number with the
 # committed claims (report in docs/verify/<nb>.md; exit 1 on a flipped verdict or a number outside its interval)
 verify: assets
-	$(PY) -m moelab.notebooks verify --profile $(PROFILE) $(if $(NB),--only $(NB)) --no-progress
+	$(PY) -m moelab.runner verify --profile $(PROFILE) $(if $(NB),--only $(NB)) --no-progress
 
 # JupyterLab on notebooks/ (issue 16, item 4): loopback only (LAB_IP=0.0.0.0 to expose it), a fresh token printed
 # as a ready URL, --allow-root when run as root (ID_U overrides `id -u`); MPLBACKEND unset so figures show inline.
@@ -72,7 +72,7 @@ lab: setup
 	echo "JupyterLab: open http://$(LAB_IP):$(LAB_PORT)/lab?token=$$token  (Ctrl-C twice stops it; LAB_PORT=... if busy)"; \
 	env -u MPLBACKEND $(VENV)/bin/jupyter lab --no-browser --ip=$(LAB_IP) --port=$(LAB_PORT) --ServerApp.port_retries=0 \
 	  --IdentityProvider.token=$$token --ServerApp.root_dir=notebooks $(if $(filter 0,$(ID_U)),--allow-root) \
-	  --ServerApp.contents_manager_class=moelab.lab.ContentsManager
+	  --ServerApp.contents_manager_class=moelab.runner.lab.ContentsManager
 
 bench: setup
 	$(PY) benchmarks/bench_moe_layer.py

@@ -205,8 +205,8 @@ print(f"grouped dispatch is {(tm['naive_loop'] / tm['grouped']).iloc[-1]:.0f}x f
 # %% [markdown]
 # ## Claims
 #
-# Verdicts are computed from the tables saved above by the claim definitions of notebook 00 (`moelab.nbrun.CLAIM_DEFS`
-# names the module), where the paper's numbers are written beside each claim with the table or figure they come from;
+# Verdicts are computed from the tables saved above by the claim definitions of notebook 00
+# (`moelab.runner.notebook_run.CLAIM_DEFS` names the module), where the paper's numbers are written beside each claim with the table or figure they come from;
 # the verdict rule (interval, MDE, unit of replication) is in docs/CLAIMS.md, and `python -m moelab.claims rebuild`
 # recomputes the same file from the committed tables. Three of the six facts are identities (upcycling at
 # initialisation, the two aggregation norms): they are recorded as *holds by construction* with the measured
@@ -214,4 +214,4 @@ print(f"grouped dispatch is {(tm['naive_loop'] / tm['grouped']).iloc[-1]:.0f}x f
 
 # %%
 claims = run.finish()
-moelab.nbrun.claims_for_reader(claims)   # all 25 fields per claim: figures/00_moe_primer/claims.json
+moelab.runner.notebook_run.claims_for_reader(claims)   # all 25 fields per claim: figures/00_moe_primer/claims.json

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from moelab.cache import source_digest_of
-from moelab.nbrun import REPO_ROOT, SOURCE_DIGEST, VERDICT_CODE
+from moelab.runner.notebook_run import REPO_ROOT, SOURCE_DIGEST, VERDICT_CODE
 
 
 def committed(commit: str, rel: str) -> bytes | None:

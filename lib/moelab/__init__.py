@@ -7,8 +7,8 @@ Layout (see README.md):
 - shared services: ``assets`` (real offline models/data), ``cache`` (one cache dir, atomic entries), ``suite`` (data and
   evaluation), ``train`` (Accelerate trainer), ``stats`` (intervals and rules the reports share), ``claims`` (the
   verdict engine; it imports no paper package), ``profiles``, ``seed``.
-- the run layer on top: ``nbrun`` (figures, tables, provenance, the notebook -> claim definitions table),
-  ``notebooks`` (papermill runner).
+- the run layer on top: ``runner`` (``runner.notebook_run``: figures, tables, provenance, the notebook -> claim
+  definitions table; ``runner.cli``: the papermill runner, ``python -m moelab.runner``).
 
 Imports are lazy so that ``import moelab`` stays cheap (no torch at import time).
 """
@@ -22,8 +22,8 @@ __all__ = ["start_run", "__version__"]
 
 
 def start_run(notebook: str, profile: str, seed: int = 0, **kwargs):
-    """Start a notebook run: seeds, output directory, provenance. See :class:`moelab.nbrun.NotebookRun`."""
-    from moelab.nbrun import NotebookRun
+    """Start a notebook run: seeds, output directory, provenance. See :class:`moelab.runner.notebook_run.NotebookRun`."""
+    from moelab.runner.notebook_run import NotebookRun
 
     return NotebookRun(notebook, profile=profile, seed=seed, **kwargs)
 

@@ -46,11 +46,13 @@ MARKER = ".complete"
 FORMAT = 2  # storage format of artifact entries; part of every key (bump it when the stored layout changes)
 STALE_TMP_AGE_S = 6 * 3600  # a temporary folder whose creator cannot be checked is stale after this age
 WRITABLE_HINT = "set MOELAB_CACHE to a writable folder, e.g. export MOELAB_CACHE=~/moelab-cache"
-# Modules whose code never enters a key: verdicts, reports, the notebook runner and provenance, the progress bar, and
-# the cache itself (its storage format is FORMAT). A module named ``report`` or ``claims`` in any package (a paper's
-# report code and claim definitions) is left out too: NOT_IN_KEYS_LEAVES.
-NOT_IN_KEYS = ("moelab.claims", "moelab.notebooks", "moelab.nbrun", "moelab.cache", "moelab.progress")
+# Modules whose code never enters a key: verdicts, reports, the notebook runner and provenance, the progress bar, the
+# profile names and their messages, and the cache itself (its storage format is FORMAT). A module named ``report`` or
+# ``claims`` in any package (a paper's report code and claim definitions) is left out too: NOT_IN_KEYS_LEAVES; so is
+# the top package's ``__init__`` (``start_run`` and lazy attribute access): NOT_IN_KEYS_EXACT.
+NOT_IN_KEYS = ("moelab.claims", "moelab.runner", "moelab.cache", "moelab.progress", "moelab.profiles")
 NOT_IN_KEYS_LEAVES = ("report", "claims")
+NOT_IN_KEYS_EXACT = ("moelab",)
 KEY_PACKAGES = ("torch", "transformers", "numpy")  # their versions are part of every artifact key
 LIB = Path(__file__).resolve().parent  # the moelab package folder
 _HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
@@ -365,7 +367,7 @@ def atomic_dir(path: Path, meta: dict | None = None):
 
 # ---------------------------------------------------------------- keys that cover the code
 def _excluded(module: str) -> bool:
-    return module.rsplit(".", 1)[-1] in NOT_IN_KEYS_LEAVES or any(
+    return module in NOT_IN_KEYS_EXACT or module.rsplit(".", 1)[-1] in NOT_IN_KEYS_LEAVES or any(
         module == m or module.startswith(m + ".") for m in NOT_IN_KEYS)
 
 
@@ -638,7 +640,7 @@ def _keyed(config: dict, fn: Callable, version=None) -> tuple[dict, dict]:
 
 # How this process has used the artifact cache: entries reused, entries built, and the seconds spent building the
 # outermost ones (a build that memoises inner steps counts its own time once). A run's provenance records the
-# difference over the run (moelab.nbrun), so a wall time measured on a warm cache is never read as a cold one.
+# difference over the run (moelab.runner.notebook_run), so a wall time measured on a warm cache is never read as a cold one.
 USAGE = {"reused": 0, "built": 0, "build_s": 0.0}
 _BUILD_DEPTH = [0]
 
@@ -706,3 +708,74 @@ def memo(kind: str, config: dict, compute: Callable[[], Any], version=None) -> A
         return torch.load(path / "value.pt", weights_only=False)
     with open(path / "value.pkl", "rb") as f:
         return pickle.load(f)
+
+
+# ---------------------------------------------------------------- re-keying after the exclusion rules change
+def _module_of_path(rel: str) -> str:
+    """``lib/moelab/core/routing.py`` -> ``moelab.core.routing``; ``lib/moelab/__init__.py`` -> ``moelab``."""
+    parts = list(Path(rel).with_suffix("").parts)
+    if parts and parts[0] == "lib":
+        parts = parts[1:]
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _code_digest(closure: dict) -> str:
+    return hashlib.sha256(json.dumps(closure, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def rekey(root: Path | None = None, dry_run: bool = False) -> list[tuple[str, str, str]]:
+    """Move every entry keyed under older exclusion rules to the key the current rules give it.
+
+    A module added to :data:`NOT_IN_KEYS` (or :data:`NOT_IN_KEYS_EXACT`) leaves every closure that held it, so every
+    key that covered it changes although no step computes anything else. For each finished entry whose marker records
+    its code closure, this checks that the entry's key is what that configuration and closure give (otherwise the
+    entry is left alone), drops the modules now excluded, and renames the entry to the resulting key (its
+    ``config.json`` and marker rewritten, the marker noting ``rekeyed`` with the old key and what was dropped). Modules
+    still in the closure keep their recorded digests: an entry built from code that has changed since stays unmatched.
+    Returns ``[(kind, old key, new key)]``."""
+    base = (Path(root) if root is not None else cache_root()) / "artifacts"
+    moved = []
+    for entry in sorted(base.glob("*/*")):
+        if not entry.is_dir() or not is_complete(entry):
+            continue
+        meta = read_marker(entry)
+        cfg, code = meta.get("config"), meta.get("code")
+        if not isinstance(cfg, dict) or not isinstance(code, dict) or key(cfg) != entry.name:
+            continue
+        if cfg.get("_code") != _code_digest(code):
+            continue
+        kept = {p: d for p, d in code.items() if not _excluded(_module_of_path(p))}
+        if kept == code:
+            continue
+        new_cfg = {**cfg, "_code": _code_digest(kept)}
+        dest = entry.parent / key(new_cfg)
+        if dest.exists():
+            continue
+        moved.append((entry.parent.name, entry.name, dest.name))
+        if dry_run:
+            continue
+        with writing():
+            (entry / "config.json").write_text(json.dumps(new_cfg, sort_keys=True, indent=1, default=_json_default))
+            write_marker(entry, {**meta, "config": new_cfg, "code": kept,
+                                 "rekeyed": {"from": entry.name, "dropped": sorted(set(code) - set(kept)),
+                                             "at": time.time()}})
+            os.replace(entry, dest)
+    return moved
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m moelab.cache",
+                                 description="Artifact cache maintenance (see the module docstring).")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    rk = sub.add_parser("rekey", help="move entries keyed under older exclusion rules to their current keys")
+    rk.add_argument("--root", type=Path, default=None, help="cache folder (default: MOELAB_CACHE or ~/.cache/moelab)")
+    rk.add_argument("--dry-run", action="store_true")
+    a = ap.parse_args()
+    done = rekey(a.root, a.dry_run)
+    for kind, old, new in done:
+        print(f"{kind}: {old} -> {new}")
+    print(f"{'would move' if a.dry_run else 'moved'} {len(done)} entries")

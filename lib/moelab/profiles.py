@@ -39,8 +39,8 @@ def paper_input_hint(notebook: str, param: str, what: str) -> str:
     ``MissingAsset`` carries (JupyterLab/runner issue, item 5).
 
     ``paper_input_hint("05", "MODEL_PATH", "a local Hugging Face folder of Llama-2-7b-chat")`` ->
-    "get a local Hugging Face folder of Llama-2-7b-chat, then pass it: python -m moelab.notebooks run --profile paper
+    "get a local Hugging Face folder of Llama-2-7b-chat, then pass it: python -m moelab.runner run --profile paper
     --only 05 -p MODEL_PATH=<path> (or set MODEL_PATH in the notebook's parameters cell)".
     """
-    return (f"get {what} (it cannot be downloaded here), then pass it: python -m moelab.notebooks run --profile paper "
+    return (f"get {what} (it cannot be downloaded here), then pass it: python -m moelab.runner run --profile paper "
             f"--only {notebook} -p {param}=<path>  (or set {param} in the notebook's parameters cell)")

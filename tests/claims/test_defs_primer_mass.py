@@ -17,10 +17,10 @@ from moelab.claims import primer as nb00
 from moelab.claims.rebuild import evaluate_folder
 from moelab.mass import REGIME_MARGIN
 from moelab.mass import claims as nb04
-from moelab.nbrun import claim_defs
+from moelab.runner.notebook_run import claim_defs
 
 from helpers import ROOT
-from helpers.claims import tables_folder
+from helpers.claims import run_folder, tables_folder
 
 MODULES = {"00_moe_primer": nb00, "04_mass": nb04}
 
@@ -125,6 +125,20 @@ def test_04_elbow_is_outside_the_regime_when_seeds_disagree_and_a_level_otherwis
     rec = evaluate(_claim(nb04, "pool_near_elbow"), tables_folder(tmp_path / "x", {"fig2_naive_grid": grid,
                                                                              "fig2_mass_runs": runs}))
     assert rec["verdict"] == "inconclusive" and "data_reference_levels.csv" in rec["reason"]
+
+
+def test_04_glue_claims_of_a_profile_without_the_glue_part_name_the_profile_that_scores_them(tmp_path):
+    """The default profile runs no GLUE stand-in (``glue=None``): its GLUE claims read ``not in this profile``,
+    scored in ``full``, not ``inconclusive``; a full folder that lacks the table is still undecided for a missing
+    table (the next run saves it)."""
+    T = run_folder(tmp_path / "default", "04_mass", {})
+    for cid in ("glue_mass_vs_cosine", "glue_mass_vs_dynmoe", "glue_active_mass_vs_dynmoe"):
+        rec = evaluate(_claim(nb04, cid), T)
+        assert rec["verdict"] == "not in this profile" and rec["scored_in"] == "full", rec
+    run_folder(tmp_path / "full", "04_mass", {})
+    (tmp_path / "full" / "provenance.json").write_text('{"notebook": "04_mass", "profile": "full"}')
+    rec = evaluate(_claim(nb04, "glue_mass_vs_cosine"), Tables(tmp_path / "full"))
+    assert rec["verdict"] == "inconclusive" and "fig4_glue_standin_runs.csv" in rec["reason"]
 
 
 def test_04_comparisons_are_gated_by_the_regime(tmp_path):

@@ -16,7 +16,7 @@ from moelab.claims import (ByConstruction, Claim, ClaimEvidenceError, Insufficie
                            check_definitions, evaluate, scorecard_markdown, validate_record)
 from moelab.claims.__main__ import main as cli
 from moelab.claims.verdict_summary import results_markdown, review_markdown
-from moelab.nbrun import CLAIM_DEFS, REPO_ROOT, claim_defs
+from moelab.runner.notebook_run import CLAIM_DEFS, REPO_ROOT, claim_defs
 
 rb = importlib.import_module("moelab.claims.rebuild")   # the module (moelab.claims.rebuild is also the function)
 RNG = np.random.default_rng(0)
@@ -264,7 +264,7 @@ def test_validate_record_rejects_missing_and_ill_typed():
 @pytest.fixture
 def demo(tmp_path, monkeypatch):
     """A figures root with one output folder of notebook 98_demo and its claim definitions (a module injected as
-    ``demo_claims_98``, registered for 98_demo in the run layer's table ``moelab.nbrun.CLAIM_DEFS``)."""
+    ``demo_claims_98``, registered for 98_demo in the run layer's table ``moelab.runner.notebook_run.CLAIM_DEFS``)."""
     root = tmp_path / "figures"
     folder = root / "98_demo"
     folder.mkdir(parents=True)

@@ -17,7 +17,7 @@ from moelab.claims import (ByConstruction, Insufficient, Items, Options, Tables,
                            validate_record)
 from moelab.claims.rebuild import evaluate_folder
 from moelab.free_moe import claims as nb05
-from moelab.nbrun import claim_defs
+from moelab.runner.notebook_run import claim_defs
 
 from helpers import ROOT
 from helpers.claims import tables_folder

@@ -7,6 +7,7 @@ import errno
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from moelab import assets, cache, claims, mass, nbrun
+from moelab import assets, cache, claims, mass
+from moelab.runner import notebook_run
 from moelab.mass.data import GINCConfig
 
 from helpers import ROOT
@@ -327,14 +329,14 @@ def test_import_closure_follows_imports_and_skips_claims_and_reports(tmp_path):
         "paper2/__init__.py": "from . import method, report\n",
         "paper2/method.py": "",
         "paper2/report.py": "from moelab import stats\n",
-        "nbrun.py": "from moelab.claims import ClaimSet\n",
+        "runner/__init__.py": "",
+        "runner/notebook_run.py": "from moelab.claims import ClaimSet\n",
     })
     got = cache.import_closure(["moelab.paper"], lib=lib)
-    assert set(got) == {"moelab", "moelab.paper", "moelab.core", "moelab.core.layer", "moelab.core.routing",
+    assert set(got) == {"moelab.paper", "moelab.core", "moelab.core.layer", "moelab.core.routing",
                         "moelab.util", "moelab.helpers", "moelab.suite", "moelab.suite.embed"}
-    assert set(cache.import_closure(["moelab.paper2"], lib=lib)) == {"moelab", "moelab.paper2",
-                                                                     "moelab.paper2.method"}
-    assert cache.import_closure(["moelab.claims", "moelab.nbrun"], lib=lib) == {}
+    assert set(cache.import_closure(["moelab.paper2"], lib=lib)) == {"moelab.paper2", "moelab.paper2.method"}
+    assert cache.import_closure(["moelab.claims", "moelab.runner.notebook_run"], lib=lib) == {}
     # a real edit of a transitively imported file changes its hash; an edit of claims changes nothing
     before = cache.import_closure(["moelab.paper"], lib=lib)
     (lib / "core" / "routing.py").write_text("import math\nE = math.e\n")
@@ -347,7 +349,7 @@ def test_code_closure_of_real_modules_covers_core_and_never_claims():
     keyed = cache.code_closure(mass.run_mass)
     assert "lib/moelab/mass/experiment.py" in keyed and "lib/moelab/core/routing.py" in keyed
     assert keyed["lib/moelab/core/routing.py"] == cache.source_digest(ROOT / "lib/moelab/core/routing.py")
-    for never in ("claims", "nbrun", "notebooks", "cache"):
+    for never in ("claims", "runner", "cache", "profiles.py", "__init__.py"):
         assert not any(k.startswith(f"lib/moelab/{never}") for k in keyed), never
     assert not any(k.endswith("/report.py") for k in keyed)
     assert cache.code_closure(lambda: claims.frame([])) == {}  # verdict code alone keys nothing
@@ -365,10 +367,34 @@ def test_a_papers_claims_module_is_never_in_a_key(tmp_path):
         "stats.py": "",
     })
     before = cache.import_closure(["moelab.paper3.method"], lib=lib)
-    assert set(before) == {"moelab", "moelab.paper3", "moelab.paper3.method", "moelab.stats"}
+    assert set(before) == {"moelab.paper3", "moelab.paper3.method", "moelab.stats"}
     (lib / "paper3" / "claims.py").write_text("from moelab.stats import boot\nTHRESHOLD = 0.5\n")
     assert cache.import_closure(["moelab.paper3.method"], lib=lib) == before
     assert cache.import_closure(["moelab.paper3.claims"], lib=lib) == {}
+
+
+def test_plumbing_that_computes_nothing_is_never_in_a_key(tmp_path):
+    """The top package's ``__init__`` (``start_run``, lazy attribute access), ``moelab.profiles`` (profile names and
+    the messages that name the runner) and the run layer ``moelab.runner`` are left out of every closure: moving the
+    runner or rewording a message retrains nothing. A parent package below the top one still counts."""
+    lib = _write_pkg(tmp_path, {
+        "__init__.py": "def start_run():\n    from moelab.runner.notebook_run import NotebookRun\n",
+        "profiles.py": "PROFILES = ('smoke',)\n",
+        "runner/__init__.py": "",
+        "runner/notebook_run.py": "from moelab import profiles\n",
+        "paper4/__init__.py": "from . import method\n",
+        "paper4/method.py": "from moelab.profiles import PROFILES\nfrom moelab.core import routing\n",
+        "core/__init__.py": "",
+        "core/routing.py": "import math\n",
+    })
+    before = cache.import_closure(["moelab.paper4.method"], lib=lib)
+    assert set(before) == {"moelab.paper4", "moelab.paper4.method", "moelab.core", "moelab.core.routing"}
+    (lib / "__init__.py").write_text("def start_run():\n    from moelab.run.record import NotebookRun\n")
+    (lib / "profiles.py").write_text("PROFILES = ('smoke', 'default')\n")
+    (lib / "runner" / "notebook_run.py").write_text("X = 2\n")
+    assert cache.import_closure(["moelab.paper4.method"], lib=lib) == before
+    (lib / "core" / "__init__.py").write_text("Y = 1\n")   # a parent package inside moelab: still part of the key
+    assert cache.import_closure(["moelab.paper4.method"], lib=lib) != before
 
 
 @pytest.mark.parametrize("paper", ["moce", "sba", "cluster_upcycling", "mass", "free_moe"])
@@ -395,24 +421,24 @@ def test_real_paper_claims_modules_key_nothing(paper, tmp_cache, monkeypatch):
 def test_a_papers_claims_file_makes_no_folder_stale(tmp_path):
     """Staleness: ``lib/moelab/<paper>/claims.py`` is never a recorded source, and an old provenance that recorded
     one is not stale because of it; a paper's method file still is."""
-    from moelab import notebooks
+    from moelab.runner import cli
     from moelab.mass import claims as mass_claims  # noqa: F401  (loaded, as at a run's finish())
 
     for paper in ("moce", "sba", "cluster_upcycling", "mass", "free_moe"):
-        assert nbrun.is_verdict_code(f"lib/moelab/{paper}/claims.py"), paper
-    assert not nbrun.is_verdict_code("lib/moelab/mass/method.py")
-    assert not nbrun.is_verdict_code("lib/moelab/mass/claims_extra.py")
-    assert not nbrun.is_verdict_code("lib/moelab/mass/sub/claims.py")
-    hashed = nbrun.source_hashes("04_mass")
+        assert notebook_run.is_verdict_code(f"lib/moelab/{paper}/claims.py"), paper
+    assert not notebook_run.is_verdict_code("lib/moelab/mass/method.py")
+    assert not notebook_run.is_verdict_code("lib/moelab/mass/claims_extra.py")
+    assert not notebook_run.is_verdict_code("lib/moelab/mass/sub/claims.py")
+    hashed = notebook_run.source_hashes("04_mass")
     assert "lib/moelab/mass/claims.py" not in hashed and "lib/moelab/mass/__init__.py" in hashed
     real = {"lib/moelab/mass/__init__.py": hashed["lib/moelab/mass/__init__.py"]}
     prov = tmp_path / "provenance.json"
-    prov.write_text(json.dumps({"source_digest": nbrun.SOURCE_DIGEST,
+    prov.write_text(json.dumps({"source_digest": notebook_run.SOURCE_DIGEST,
                                 "sources": {**real, "lib/moelab/mass/claims.py": "0" * 16}}))
-    assert notebooks.sources_current(prov) == (True, [])
-    prov.write_text(json.dumps({"source_digest": nbrun.SOURCE_DIGEST,
+    assert cli.sources_current(prov) == (True, [])
+    prov.write_text(json.dumps({"source_digest": notebook_run.SOURCE_DIGEST,
                                 "sources": {**real, "lib/moelab/mass/method.py": "0" * 16}}))
-    assert notebooks.sources_current(prov) == (False, ["lib/moelab/mass/method.py"])
+    assert cli.sources_current(prov) == (False, ["lib/moelab/mass/method.py"])
 
 # ---- the code identity ignores what cannot change behaviour (architecture v2, item 1)
 _BASE = '''"""A module."""
@@ -563,21 +589,64 @@ def test_truncated_artifact_is_rebuilt(tmp_cache):
 
 def test_provenance_sources_use_the_digest_they_were_written_with(tmp_path):
     """Staleness compares lib modules by normalised digest under "ast-v1", and raw bytes in legacy provenance."""
-    from moelab import notebooks
+    from moelab.runner import cli
 
     rels = ["lib/moelab/core/routing.py", "notebooks/00_moe_primer.py"]
-    assert nbrun.source_id(rels[0]) == cache.source_digest(ROOT / rels[0])
-    assert nbrun.source_id(rels[1]) == nbrun.file_sha(ROOT / rels[1])  # the narrative is published: its bytes
+    assert notebook_run.source_id(rels[0]) == cache.source_digest(ROOT / rels[0])
+    assert notebook_run.source_id(rels[1]) == notebook_run.file_sha(ROOT / rels[1])  # the narrative is published: its bytes
     with pytest.raises(ValueError, match="unknown source digest"):
-        nbrun.source_id(rels[0], "ast-v0")
+        notebook_run.source_id(rels[0], "ast-v0")
     prov = tmp_path / "provenance.json"
-    for kind in (None, nbrun.SOURCE_DIGEST):
-        sources = {r: nbrun.source_id(r, kind) for r in rels}
+    for kind in (None, notebook_run.SOURCE_DIGEST):
+        sources = {r: notebook_run.source_id(r, kind) for r in rels}
         prov.write_text(json.dumps({"sources": sources, **({"source_digest": kind} if kind else {})}))
-        assert notebooks.sources_current(prov) == (True, [])
+        assert cli.sources_current(prov) == (True, [])
         prov.write_text(json.dumps({"sources": {**sources, rels[0]: "0" * 16},
                                     **({"source_digest": kind} if kind else {})}))
-        assert notebooks.sources_current(prov) == (False, [rels[0]])
+        assert cli.sources_current(prov) == (False, [rels[0]])
     legacy = {rels[0]: cache.source_digest(ROOT / rels[0])}  # a digest read as raw bytes does not match
     prov.write_text(json.dumps({"sources": legacy}))
-    assert notebooks.sources_current(prov)[0] is False
+    assert cli.sources_current(prov)[0] is False
+
+
+def test_rekey_moves_an_entry_keyed_under_older_rules_to_its_current_key(tmp_cache):
+    """An entry built when ``lib/moelab/__init__.py`` and ``profiles.py`` were still part of keys (planted: the same
+    entry with those paths added to its recorded closure and stored under the key that closure gave) is found again
+    after ``cache.rekey()``, without rebuilding; an entry whose recorded key does not match its folder is left alone,
+    and one whose kept modules differ moves to a key that no current step asks for."""
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"w": 3}
+
+    assert cache.memo("toy", {"n": 1}, compute) == {"w": 3} and calls == [1]
+    (current,) = (tmp_cache / "artifacts" / "toy").iterdir()
+    meta = cache.read_marker(current)
+    old_code = {**meta["code"], "lib/moelab/__init__.py": "aaaa", "lib/moelab/profiles.py": "bbbb"}
+    old_cfg = {**meta["config"], "_code": cache._code_digest(old_code)}
+    old = current.parent / cache.key(old_cfg)
+    current.rename(old)
+    (old / "config.json").write_text(json.dumps(old_cfg, sort_keys=True, indent=1))
+    cache.write_marker(old, {**meta, "config": old_cfg, "code": old_code})
+    # a second planted entry whose recorded closure differs in a module that is still keyed: never matched
+    stale_code = {**old_code, "lib/moelab/core/routing.py": "cccc"}
+    stale_cfg = {**meta["config"], "n": 2, "_code": cache._code_digest(stale_code)}
+    stale = current.parent / cache.key(stale_cfg)
+    shutil.copytree(old, stale)
+    cache.write_marker(stale, {**meta, "config": stale_cfg, "code": stale_code})
+    # and one whose marker does not match its folder name: left as it is
+    odd = current.parent / "0123456789abcdef"
+    shutil.copytree(old, odd)
+
+    assert cache.rekey(dry_run=True) and old.exists()
+    moved = cache.rekey()
+    assert ("toy", old.name, current.name) in moved and not old.exists() and odd.exists()
+    assert cache.memo("toy", {"n": 1}, compute) == {"w": 3} and calls == [1]      # reused, not rebuilt
+    marker = cache.read_marker(current)
+    assert marker["rekeyed"]["from"] == old.name
+    assert marker["rekeyed"]["dropped"] == ["lib/moelab/__init__.py", "lib/moelab/profiles.py"]
+    assert cache.entry_problems(current, hashes=True) == []
+    assert json.loads((current / "config.json").read_text()) == meta["config"]
+    assert any(o == stale.name for _, o, _ in moved)   # moved too, to a key no current step asks for
+    assert cache.rekey() == []                          # nothing left to move

@@ -10,7 +10,7 @@ import pytest
 
 import moelab
 from moelab import assets, cache, claims, profiles, stats
-from moelab.nbrun import CLAIM_DEFS, NotebookRun, write_index
+from moelab.runner.notebook_run import CLAIM_DEFS, NotebookRun, write_index
 
 from helpers import ROOT
 
@@ -125,7 +125,7 @@ def test_real_assets_load():
 # ---------------------------------------------------------------- figures, tables, index, provenance
 def _demo_defs(monkeypatch, notebook="09_demo", claims=()):
     """Claim definitions for a demo notebook (a module injected as demo_claims_<notebook>, registered in the run
-    layer's table moelab.nbrun.CLAIM_DEFS)."""
+    layer's table moelab.runner.notebook_run.CLAIM_DEFS)."""
     mod = types.ModuleType(f"demo_claims_{notebook}")
     mod.CLAIMS = list(claims)
     monkeypatch.setitem(sys.modules, mod.__name__, mod)
@@ -147,7 +147,7 @@ def test_run_outputs_index_and_provenance(tmp_figures, monkeypatch):
                                           paper_value=None, determined_by="training",
                                           evidence=lambda T: Unobtainable("no weights here"))])
     commits = iter(["aaa", "bbb"])                      # HEAD moves while the run is in progress
-    monkeypatch.setattr("moelab.nbrun.git_commit", lambda: next(commits, "bbb"))
+    monkeypatch.setattr("moelab.runner.notebook_run.git_commit", lambda: next(commits, "bbb"))
     run = NotebookRun("09_demo", profile="default", seed=3, publish=True)
     from moelab import cache
     monkeypatch.setenv("MOELAB_CACHE", str(tmp_figures / "cache"))
@@ -210,38 +210,38 @@ def test_environment_yml_agrees_with_requirements():
 
 
 def test_runner_rejects_unknown_notebook_and_profile():
-    from moelab import notebooks
+    from moelab.runner import cli
 
     with pytest.raises(ValueError, match="no notebook matches"):
-        notebooks.discover(["99"])
-    r = subprocess.run([sys.executable, "-m", "moelab.notebooks", "run", "--profile", "turbo"],
+        cli.discover(["99"])
+    r = subprocess.run([sys.executable, "-m", "moelab.runner", "run", "--profile", "turbo"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "turbo" in r.stderr
 
 
 def test_runner_executes_and_fails_loudly(tmp_path, tmp_figures, monkeypatch, capfd):
     """A tiny notebook through the real papermill path: success, resume-skip, and a failing cell -> exit 1."""
-    from moelab import notebooks
+    from moelab.runner import cli
 
     nbdir = tmp_path / "nbs"
     nbdir.mkdir()
     (nbdir / "01_ok.py").write_text('# %% tags=["parameters"]\nPROFILE = "default"\nSEED = 0\n\n'
-                                    '# %%\nimport sys, types\nimport moelab\nimport moelab.nbrun\n'
+                                    '# %%\nimport sys, types\nimport moelab\nimport moelab.runner.notebook_run\n'
                                     'defs = types.ModuleType("demo_claims_01_ok")\ndefs.CLAIMS = []\n'
                                     'sys.modules[defs.__name__] = defs\n'
-                                    'moelab.nbrun.CLAIM_DEFS["01_ok"] = defs.__name__\n'
+                                    'moelab.runner.notebook_run.CLAIM_DEFS["01_ok"] = defs.__name__\n'
                                     'run = moelab.start_run("01_ok", profile=PROFILE, seed=SEED)\n'
                                     'run.finish()\n')
     (nbdir / "02_bad.py").write_text('# %% tags=["parameters"]\nPROFILE = "default"\nSEED = 0\n\n# %%\n1/0\n')
-    monkeypatch.setattr(notebooks, "NB_DIR", nbdir)
-    monkeypatch.setattr(notebooks, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(cli, "NB_DIR", nbdir)
+    monkeypatch.setattr(cli, "RUNS", tmp_path / "runs")
     args = ["run", "--profile", "smoke", "--no-progress"]
-    assert notebooks.main(args + ["--only", "01"]) == 0
+    assert cli.main(args + ["--only", "01"]) == 0
     assert (tmp_path / "runs" / "smoke" / "01_ok.ipynb").exists()
     capfd.readouterr()
-    assert notebooks.main(args + ["--only", "01"]) == 0  # outputs current: skipped (resume)
+    assert cli.main(args + ["--only", "01"]) == 0  # outputs current: skipped (resume)
     assert "up to date" in capfd.readouterr().out
-    assert notebooks.main(args + ["--only", "02"]) == 1
+    assert cli.main(args + ["--only", "02"]) == 1
 
 
 def test_notebook_sources_are_jupytext_percent():
@@ -256,7 +256,7 @@ def test_notebook_sources_are_jupytext_percent():
 
 def test_results_table_and_stale_report(tmp_figures, monkeypatch):
     """README's results table is generated from claims files; changed sources are reported as stale."""
-    from moelab import notebooks
+    from moelab.runner import cli
     from moelab.claims import Claim, Unobtainable
 
     _demo_defs(monkeypatch, claims=[Claim(id="needs_llama", claim="needs Llama-2", paper_ref="Table 1",
@@ -266,20 +266,20 @@ def test_results_table_and_stale_report(tmp_figures, monkeypatch):
     run = NotebookRun("09_demo", profile="default", publish=True)
     run.finish()
     (run.out_dir / "notebook.md").write_text("# 09\n")   # the runner writes it (tests/run/test_notebook_md.py)
-    table = notebooks.results_table()
+    table = cli.results_table()
     assert "unobtainable" in table and "| 09_demo | default |" in table and "docs/RESULTS.md" in table
     readme = tmp_figures / "README.md"
-    readme.write_text(f"x\n{notebooks.BEGIN}\nold\n{notebooks.END}\ny\n")
-    assert notebooks.write_readme_results(readme)
+    readme.write_text(f"x\n{cli.BEGIN}\nold\n{cli.END}\ny\n")
+    assert cli.write_readme_results(readme)
     assert "| 09_demo | default |" in readme.read_text() and "\nold\n" not in readme.read_text()
-    assert "needs Llama-2" in notebooks.results_markdown(tmp_figures / "figures")   # the per-claim rows
-    assert notebooks.stale_report(tmp_figures / "figures") == []
+    assert "needs Llama-2" in cli.results_markdown(tmp_figures / "figures")   # the per-claim rows
+    assert cli.stale_report(tmp_figures / "figures") == []
     prov = tmp_figures / "figures" / "09_demo" / "provenance.json"
     data = json.loads(prov.read_text())
     first = next(iter(data["sources"]))
     data["sources"][first] = "0" * 16  # as if the module changed after the figures were made
     prov.write_text(json.dumps(data))
-    stale = notebooks.stale_report(tmp_figures / "figures")
+    stale = cli.stale_report(tmp_figures / "figures")
     assert stale and stale[0][0] == "09_demo" and first in stale[0][1]
 
 
@@ -287,7 +287,7 @@ def test_git_commit_ignores_generated_outputs(tmp_path, monkeypatch):
     """provenance's commit is '+dirty' for source edits, not for regenerated figures or the README table."""
     import subprocess
 
-    from moelab import nbrun
+    from moelab.runner import notebook_run
 
     def git(*a):
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a], cwd=tmp_path, check=True,
@@ -299,10 +299,10 @@ def test_git_commit_ignores_generated_outputs(tmp_path, monkeypatch):
         (tmp_path / f).write_text("0\n")
     git("add", ".")
     git("commit", "-qm", "x")
-    monkeypatch.setattr(nbrun, "REPO_ROOT", tmp_path)
-    assert not nbrun.git_commit().endswith("+dirty")
+    monkeypatch.setattr(notebook_run, "REPO_ROOT", tmp_path)
+    assert not notebook_run.git_commit().endswith("+dirty")
     (tmp_path / "figures/a.csv").write_text("1\n")
     (tmp_path / "README.md").write_text("1\n")
-    assert not nbrun.git_commit().endswith("+dirty")
+    assert not notebook_run.git_commit().endswith("+dirty")
     (tmp_path / "src.py").write_text("1\n")
-    assert nbrun.git_commit().endswith("+dirty")
+    assert notebook_run.git_commit().endswith("+dirty")

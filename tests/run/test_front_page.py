@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from moelab import launch, notebooks
+from moelab import launch
+from moelab.runner import cli
 
 from helpers import ROOT
 
@@ -186,10 +187,10 @@ def test_entry_points_parse_and_launch_targets_import(page, monkeypatch, capsys)
                 if e.code not in (0, None):
                     bad.append(f"{cmd}: {capsys.readouterr().err.strip().splitlines()[-1:]}")
                 continue
-            if module == "moelab.notebooks" and getattr(ns, "cmd", "") == "run":
+            if module == "moelab.runner" and getattr(ns, "cmd", "") == "run":
                 try:
-                    notebooks.params_for(notebooks.discover(ns.only), notebooks.parse_params(
-                        ns.param + [p for text in ns.params for p in notebooks.split_params(text)]))
+                    cli.params_for(cli.discover(ns.only), cli.parse_params(
+                        ns.param + [p for text in ns.params for p in cli.split_params(text)]))
                 except ValueError as e:
                     bad.append(f"{cmd}: {e}")
     assert not bad, f"{_page_id(page)}: commands that do not run as written: {bad}"
@@ -205,14 +206,14 @@ def test_front_page_checks_can_fail(tmp_path, monkeypatch, capsys):
     assert _slugs(page) == {"top"}
     assert _make_targets("make figures NB=03 PROFILE=full") == ["figures"] and _make_targets("make -n lab") == ["lab"]
     assert "nosuch" not in makefile_targets()
-    assert _commands("python -m moelab.notebooks run --only 04 -p 'A=1 2'  # note") == [
-        ("moelab.notebooks", ["run", "--only", "04", "-p", "A=1 2"])]
+    assert _commands("python -m moelab.runner run --only 04 -p 'A=1 2'  # note") == [
+        ("moelab.runner", ["run", "--only", "04", "-p", "A=1 2"])]
     assert _commands("python -m moelab.assets install [--smoke]") == [("moelab.assets", ["install", "--smoke"])]
     with pytest.raises(SystemExit):
-        _parse("moelab.notebooks", ["run", "--no-such-option"], monkeypatch)
-    assert _parse("moelab.notebooks", ["run", "--only", "04", "-p", "X=1"], monkeypatch).param == ["X=1"]
+        _parse("moelab.runner", ["run", "--no-such-option"], monkeypatch)
+    assert _parse("moelab.runner", ["run", "--only", "04", "-p", "X=1"], monkeypatch).param == ["X=1"]
     with pytest.raises(ValueError, match="GEMA"):
-        notebooks.params_for(notebooks.discover(["04"]), notebooks.parse_params(["GEMA=True"]))
+        cli.params_for(cli.discover(["04"]), cli.parse_params(["GEMA=True"]))
     with pytest.raises(ValueError):
         launch.resolve("moelab.mass:no_such_function")
 
@@ -222,8 +223,8 @@ TIMINGS = ROOT / "docs" / "timings.md"
 
 
 def test_timings_page_is_regenerated_from_provenance():
-    assert TIMINGS.read_text() == notebooks.timings_markdown(), \
-        "docs/timings.md is not what the provenance files give: run python -m moelab.notebooks timings"
+    assert TIMINGS.read_text() == cli.timings_markdown(), \
+        "docs/timings.md is not what the provenance files give: run python -m moelab.runner timings"
 
 
 def test_every_timing_equals_its_provenance():
@@ -245,14 +246,14 @@ def test_every_timing_equals_its_provenance():
         assert r["commit"].endswith("+dirty") == prov["commit"].endswith("+dirty")
         assert r["finished"] == prov["finished"]
         assert r["torch threads"] == str(prov["hardware"]["torch_threads"])
-        assert r["artifact cache"] == notebooks.cache_state(prov)
+        assert r["artifact cache"] == cli.cache_state(prov)
     committed = {p.parent.resolve() for p in (ROOT / "figures").glob("*/**/provenance.json")
                  if not any(part.startswith(".") for part in p.relative_to(ROOT / "figures").parts)}
     assert seen == committed
 
 
 def test_cache_state_labels_warm_runs():
-    assert notebooks.cache_state({}) == "not recorded"
-    assert notebooks.cache_state({"artifact_cache": {"reused": 0, "built": 7, "build_s": 3.0}}) == "cold (7 built)"
-    assert notebooks.cache_state({"artifact_cache": {"reused": 5, "built": 1, "build_s": 3.0}}) == \
+    assert cli.cache_state({}) == "not recorded"
+    assert cli.cache_state({"artifact_cache": {"reused": 0, "built": 7, "build_s": 3.0}}) == "cold (7 built)"
+    assert cli.cache_state({"artifact_cache": {"reused": 5, "built": 1, "build_s": 3.0}}) == \
         "warm (5 reused, 1 built)"

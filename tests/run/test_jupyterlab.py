@@ -195,7 +195,7 @@ def kernel_language_info():
 def test_opening_a_notebook_does_not_modify_it(server, request, kernel_language_info):
     """Issue 37: a .py notebook was marked unsaved as soon as it opened. Lab sets ``kernelspec`` (from the kernel's
     spec) and ``language_info`` (from the running kernel) and marks the notebook modified when either differs from
-    what it was served (a deep comparison); the served notebook must already hold both (moelab.lab.ContentsManager,
+    what it was served (a deep comparison); the served notebook must already hold both (moelab.runner.lab.ContentsManager,
     installed into the venv by `make setup`)."""
     base, prefix, _ = request.getfixturevalue(server)
     specs = _call(base, "/api/kernelspecs")["kernelspecs"]
@@ -301,4 +301,4 @@ def test_make_lab_as_root_loopback_with_token():
         assert "--IdentityProvider.token=$token" in cmds and "/lab?token=$token" in cmds, cmds
         assert "--ServerApp.root_dir=notebooks" in cmds, cmds
         assert "env -u MPLBACKEND" in cmds, cmds
-        assert "--ServerApp.contents_manager_class=moelab.lab.ContentsManager" in cmds, cmds   # issue 37
+        assert "--ServerApp.contents_manager_class=moelab.runner.lab.ContentsManager" in cmds, cmds   # issue 37

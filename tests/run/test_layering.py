@@ -108,8 +108,8 @@ def test_the_check_can_fail():
 
 # ---------------------------------------------------------------- the claims engine sits below the paper packages
 # The run layer sits on top of the paper packages: it holds the notebook -> claim definitions table
-# (moelab.nbrun.CLAIM_DEFS) and imports the definitions by name.
-RUN_LAYER = ("moelab.nbrun", "moelab.notebooks")
+# (moelab.runner.notebook_run.CLAIM_DEFS) and imports the definitions by name.
+RUN_LAYER = ("moelab.runner",)
 # `python -m moelab.claims` is an entry script, not engine code: it takes the definitions table from the run layer.
 CLAIMS_ENTRY_SCRIPTS = {"moelab.claims.__main__"}
 _PAPER_NAME_RE = re.compile(r"\bmoelab\.(%s)\b" % "|".join(sorted(PAPER_OF)))
@@ -158,10 +158,10 @@ def test_the_claims_check_can_fail():
     assert claims_engine_violations(primer, "from moelab import free_moe\n")
     assert claims_engine_violations(rebuild, "import importlib\nimportlib.import_module('moelab.sba.claims')\n")
     assert claims_engine_violations(rebuild, 'TABLE = {"04_mass": "moelab.mass.claims"}\n')
-    assert claims_engine_violations(rebuild, "from moelab.nbrun import CLAIM_DEFS\n")
+    assert claims_engine_violations(rebuild, "from moelab.runner.notebook_run import CLAIM_DEFS\n")
     assert claims_engine_violations(rebuild, '"""Definitions: ``moelab.mass.claims``."""\nimport json\n') == []
     assert claims_engine_violations(rebuild, "from moelab.stats import t_interval\nfrom .engine import Claim\n") == []
-    assert claims_engine_violations(main, "from moelab.nbrun import claim_defs\n") == []
+    assert claims_engine_violations(main, "from moelab.runner.notebook_run import claim_defs\n") == []
     assert len(claims_files()) >= 5 and LIB / "claims" / "primer.py" in claims_files()
 
 
@@ -222,4 +222,32 @@ def test_moelab_imports_sit_at_the_top_of_their_module():
 def test_the_local_import_check_catches_one():
     src = "import os\n\ndef f():\n    from moelab import assets\n    from .x import y\n    return os\n"
     assert len(function_local_moelab_imports(src, "moelab.suite.demo")) == 2
-    assert function_local_moelab_imports("def start_run():\n    from moelab.nbrun import R\n", "moelab") == []
+    assert function_local_moelab_imports("def start_run():\n    from moelab.runner.notebook_run import R\n", "moelab") == []
+
+
+# ---------------------------------------------------------------- the run layer sits on top
+# who may import moelab.runner: the runner itself, `moelab.start_run` (the top package's lazy entry point) and the
+# claims CLI (an entry script that takes the definitions table from the run layer)
+RUN_LAYER_IMPORTERS = {"moelab", "moelab.claims.__main__"}
+
+
+def run_layer_violations(path: Path, source: str | None = None) -> list[str]:
+    """Imports of the run layer (``moelab.runner``) from below it: a paper package or a shared service."""
+    modname = module_name(path)
+    if modname in RUN_LAYER_IMPORTERS or modname == "moelab.runner" or modname.startswith("moelab.runner."):
+        return []
+    src = path.read_text() if source is None else source
+    return [f"{modname} imports {mod}" for mod in sorted(imported_modules(src, modname, path.name == "__init__.py"))
+            if any(mod == r or mod.startswith(r + ".") for r in RUN_LAYER)]
+
+
+def test_nothing_below_the_run_layer_imports_it():
+    bad = [v for p in lib_files() for v in run_layer_violations(p)]
+    assert not bad, "the run layer (moelab.runner) sits on top; these import it from below:\n" + "\n".join(bad)
+
+
+def test_the_run_layer_check_can_fail():
+    assert run_layer_violations(LIB / "mass" / "experiment.py", "from moelab.runner.notebook_run import REPO_ROOT\n")
+    assert run_layer_violations(LIB / "stats.py", "import moelab.runner.cli\n")
+    assert run_layer_violations(LIB / "runner" / "cli.py", "from moelab.runner.notebook_run import REPO_ROOT\n") == []
+    assert (LIB / "runner" / "__main__.py").is_file() and not (LIB / "notebooks.py").exists()

@@ -9,7 +9,7 @@ import nbformat
 import pandas as pd
 import pytest
 
-from moelab import nbmd, notebooks
+from moelab.runner import cli, markdown
 
 NB = "00_moe_primer"
 PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
@@ -38,21 +38,21 @@ def _executed() -> nbformat.NotebookNode:
 def test_markdown_keeps_the_reading_and_drops_the_noise(tmp_path):
     ipynb = tmp_path / "run.ipynb"
     nbformat.write(_executed(), str(ipynb))
-    md = nbmd.write_notebook_md(ipynb, tmp_path).read_text()
+    md = markdown.write_notebook_md(ipynb, tmp_path).read_text()
     assert "# Title" in md and "w_i E_i(x)" in md                      # narrative
     assert "<table><tr><td>top-2</td>" in md                            # tables
     assert "the router learned 3 experts" in md and "loss 0.5" in md   # computed sentences, the last redraw
     assert 'PROFILE = "full"\nSEED = 3' in md and "# Parameters" not in md   # the values the run used, once
     for noise in ("\x1b", "\r", "warmup", "loss 0.9", "HBox", "injected-parameters", "papermill"):
         assert noise not in md, noise
-    images = list((tmp_path / nbmd.FILES_DIR).iterdir())
-    assert len(images) == 1 and images[0].read_bytes() == PNG and f"({nbmd.FILES_DIR}/{images[0].name})" in md
+    images = list((tmp_path / markdown.FILES_DIR).iterdir())
+    assert len(images) == 1 and images[0].read_bytes() == PNG and f"({markdown.FILES_DIR}/{images[0].name})" in md
     # rewritten in place: no earlier image or temporary file survives
     nb = _executed()
     nb.cells[-1].outputs = nb.cells[-1].outputs[:2]
     nbformat.write(nb, str(ipynb))
-    nbmd.write_notebook_md(ipynb, tmp_path)
-    assert not (tmp_path / nbmd.FILES_DIR).exists()
+    markdown.write_notebook_md(ipynb, tmp_path)
+    assert not (tmp_path / markdown.FILES_DIR).exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notebook.md", "run.ipynb"]
 
 
@@ -84,8 +84,8 @@ run.finish()
 
 @pytest.fixture
 def runner(tmp_path, tmp_figures, monkeypatch):
-    monkeypatch.setattr(notebooks, "NB_DIR", tmp_path / "nbs")
-    monkeypatch.setattr(notebooks, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(cli, "NB_DIR", tmp_path / "nbs")
+    monkeypatch.setattr(cli, "RUNS", tmp_path / "runs")
     monkeypatch.setenv("MOELAB_SCRATCH", str(tmp_path / "scratch"))
     (tmp_path / "nbs").mkdir()
     (tmp_path / "nbs" / f"{NB}.py").write_text(BODY.format(nb=NB))
@@ -95,7 +95,7 @@ def runner(tmp_path, tmp_figures, monkeypatch):
 def test_published_run_writes_notebook_md_with_its_figures(runner):
     fig = runner / "figures" / NB
     for profile, folder in (("default", fig), ("full", fig / "full")):
-        assert notebooks.main(["run", "--profile", profile, "--only", "00", "--no-progress", "--force"]) == 0
+        assert cli.main(["run", "--profile", profile, "--only", "00", "--no-progress", "--force"]) == 0
         md = (folder / "notebook.md").read_text()
         assert "The narrative of a tiny notebook." in md and "y rises by 0.50" in md and "<table" in md
         assert f'PROFILE = "{profile}"' in md
@@ -104,12 +104,12 @@ def test_published_run_writes_notebook_md_with_its_figures(runner):
     assert (fig / "full" / "notebook.md").exists()            # publishing full kept default's and vice versa
     assert not [p for p in fig.parent.iterdir() if p.name.startswith(".")]
     # make stale: a published folder whose notebook.md is missing is reported as such
-    assert not any("notebook.md" in " ".join(why) for _, why in notebooks.stale_report(runner / "figures"))
+    assert not any("notebook.md" in " ".join(why) for _, why in cli.stale_report(runner / "figures"))
     (fig / "notebook.md").unlink()
-    stale = dict(notebooks.stale_report(runner / "figures"))
+    stale = dict(cli.stale_report(runner / "figures"))
     assert "(notebook.md missing)" in stale[NB] and "(notebook.md missing)" not in stale.get(f"{NB}/full", [])
     # a scratch run writes its Markdown beside its scratch outputs
-    assert notebooks.main(["run", "--profile", "smoke", "--only", "00", "--no-progress", "--force"]) == 0
+    assert cli.main(["run", "--profile", "smoke", "--only", "00", "--no-progress", "--force"]) == 0
     assert "y rises by 0.50" in (runner / "scratch" / "smoke" / NB / "notebook.md").read_text()
     assert json.loads((fig / "full" / "provenance.json").read_text())["profile"] == "full"
     assert pd.read_csv(fig / "table1_xy.csv").y.tolist() == [0.25, 0.75]

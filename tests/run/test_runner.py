@@ -16,8 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from moelab import nbrun, notebooks
-from moelab.nbrun import NotebookRun
+from moelab.runner import cli, notebook_run
+from moelab.runner.notebook_run import NotebookRun
 
 # the tiny notebooks below are named after the primer so that its claim definitions apply (every table they need is
 # missing here, so every claim comes out inconclusive / not testable, which is all these tests need)
@@ -39,20 +39,20 @@ def _tree(d: Path) -> dict:
 
 @pytest.fixture
 def runner(tmp_path, tmp_figures, monkeypatch):
-    monkeypatch.setattr(notebooks, "NB_DIR", tmp_path / "nbs")
-    monkeypatch.setattr(notebooks, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(cli, "NB_DIR", tmp_path / "nbs")
+    monkeypatch.setattr(cli, "RUNS", tmp_path / "runs")
     monkeypatch.setenv("MOELAB_SCRATCH", str(tmp_path / "scratch"))
     return tmp_path
 
 
 def test_params_parse_and_only_needs_a_value(runner):
-    assert notebooks.parse_params(["MODEL_PATH=/m/x", "STEPS=50", "LR=1e-3", "NAME=a=b", "FLAG=True"]) == {
+    assert cli.parse_params(["MODEL_PATH=/m/x", "STEPS=50", "LR=1e-3", "NAME=a=b", "FLAG=True"]) == {
         "MODEL_PATH": "/m/x", "STEPS": 50, "LR": 1e-3, "NAME": "a=b", "FLAG": True}
     with pytest.raises(ValueError, match="NAME=VALUE"):
-        notebooks.parse_params(["MODEL_PATH"])
+        cli.parse_params(["MODEL_PATH"])
     with pytest.raises(ValueError, match="--profile"):
-        notebooks.parse_params(["PROFILE=full"])
-    r = subprocess.run([sys.executable, "-m", "moelab.notebooks", "run", "--only"], capture_output=True, text=True)
+        cli.parse_params(["PROFILE=full"])
+    r = subprocess.run([sys.executable, "-m", "moelab.runner", "run", "--only"], capture_output=True, text=True)
     assert r.returncode == 2 and "--only" in r.stderr
 
 
@@ -96,31 +96,31 @@ def test_publish_replaces_atomically_and_keeps_other_profiles(runner, tmp_figure
 def test_failed_run_leaves_published_folder_untouched(runner, tmp_figures):
     _write_nb(runner / "nbs", 'run.save_table(pd.DataFrame({"a": [1]}), "table1", "x")\nrun.finish()\n')
     args = ["run", "--profile", "default", "--no-progress", "--force", "--only", "00"]
-    repo_readme = (notebooks.REPO_ROOT / "README.md").read_bytes()
-    assert notebooks.main(args) == 0
-    assert (notebooks.REPO_ROOT / "README.md").read_bytes() == repo_readme   # published elsewhere: README untouched
+    repo_readme = (cli.REPO_ROOT / "README.md").read_bytes()
+    assert cli.main(args) == 0
+    assert (cli.REPO_ROOT / "README.md").read_bytes() == repo_readme   # published elsewhere: README untouched
     fig = tmp_figures / "figures" / NB
     before = _tree(fig)
     assert "provenance.json" in before and "claims.json" in before
     _write_nb(runner / "nbs", 'run.save_table(pd.DataFrame({"a": [2]}), "table1", "x")\n'
                               'run.save_table(pd.DataFrame({"a": [2]}), "table2", "y")\n1/0\n')
-    assert notebooks.main(args) == 1
+    assert cli.main(args) == 1
     assert _tree(fig) == before
     assert not [p for p in fig.parent.iterdir() if p.name.startswith(".")]   # staging removed
     # a failed paper run leaves no paper/ folder at all
-    assert notebooks.main(["run", "--profile", "paper", "--no-progress", "--only", "00"]) == 1
+    assert cli.main(["run", "--profile", "paper", "--no-progress", "--only", "00"]) == 1
     assert not (fig / "paper").exists() and not [p for p in fig.iterdir() if p.name.startswith(".")]
 
 
 def test_killed_run_leaves_published_folder_untouched(runner, tmp_figures):
     _write_nb(runner / "nbs", 'run.save_table(pd.DataFrame({"a": [1]}), "table1", "x")\nrun.finish()\n')
-    assert notebooks.main(["run", "--profile", "default", "--no-progress", "--force", "--only", "00"]) == 0
+    assert cli.main(["run", "--profile", "default", "--no-progress", "--force", "--only", "00"]) == 0
     fig = tmp_figures / "figures" / NB
     before = _tree(fig)
     _write_nb(runner / "nbs", 'run.save_table(pd.DataFrame({"a": [3]}), "table1", "x")\n'
                               'import time\ntime.sleep(120)\nrun.finish()\n')
     env = {**os.environ, "MOELAB_FIGURES": str(tmp_figures / "figures"), "MOELAB_SCRATCH": str(runner / "scratch")}
-    code = ("import sys; from pathlib import Path; from moelab import notebooks as n; "
+    code = ("import sys; from pathlib import Path; from moelab.runner import cli as n; "
             f"n.NB_DIR = Path({str(runner / 'nbs')!r}); n.RUNS = Path({str(runner / 'runs')!r}); "
             "sys.exit(n.main(['run', '--profile', 'default', '--no-progress', '--force', '--only', '00']))")
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True,
@@ -160,7 +160,7 @@ def test_recover_after_kill_between_renames(runner, tmp_figures):
     (staging / "table1_x.csv").write_text("a\n2\n")
     os.replace(fig, old)
     os.replace(old / "full", staging / "full")
-    nbrun.recover_published(fig, "default")
+    notebook_run.recover_published(fig, "default")
     assert _tree(fig) == before and not old.exists() and not staging.exists()
 
 
@@ -177,8 +177,8 @@ def test_missing_paper_inputs_say_what_to_pass():
 def test_verify_catches_a_change_that_flips_a_verdict(runner, tmp_figures, monkeypatch, tmp_path):
     """Publish a tiny notebook whose table gives the primer's top-p claim a 'reproduced' verdict, then change the
     notebook so that the cold rerun gives another verdict: `verify` reports it and exits 1; unchanged, it passes."""
-    monkeypatch.setattr(notebooks, "VERIFY", tmp_path / "verify")
-    monkeypatch.setattr(notebooks, "VERIFY_DOCS", tmp_path / "verify-docs")
+    monkeypatch.setattr(cli, "VERIFY", tmp_path / "verify")
+    monkeypatch.setattr(cli, "VERIFY_DOCS", tmp_path / "verify-docs")
     monkeypatch.setenv("MOELAB_CACHE", str(tmp_path / "cache"))
     body = ('import numpy as np\ncfg = {"top_p": [0.5], "top_k": 2}\nrun.save_json(cfg, "config")\n'
             'rng = np.random.default_rng(0)\n'
@@ -187,17 +187,40 @@ def test_verify_catches_a_change_that_flips_a_verdict(runner, tmp_figures, monke
             '         for t in range(300)]\n'
             'run.save_table(pd.DataFrame(rows), "table6", "active_experts")\nrun.finish()\n')
     _write_nb(runner / "nbs", "VARY = True\n" + body)
-    assert notebooks.main(["run", "--profile", "default", "--no-progress", "--force", "--only", "00"]) == 0
+    assert cli.main(["run", "--profile", "default", "--no-progress", "--force", "--only", "00"]) == 0
     committed = json.loads((tmp_figures / "figures" / NB / "claims.json").read_text())
     # issue 32: top-p's varying count is true of the rule's definition: 'holds by construction' with its number
     assert {c["id"]: c["verdict"] for c in committed["claims"]}["top_p_count_varies"] == "holds by construction"
     verify = ["verify", "--profile", "default", "--no-progress", "--only", "00"]
-    assert notebooks.main(verify) == 0                                   # same code: every claim agrees
+    assert cli.main(verify) == 0                                   # same code: every claim agrees
     _write_nb(runner / "nbs", "VARY = False\n" + body)                  # the deliberate change
-    assert notebooks.main(verify) == 1
+    assert cli.main(verify) == 1
     report = (tmp_path / "verify-docs" / f"{NB}.md").read_text()
     assert "| top_p_count_varies | holds by construction |" in report and "outside" in report
     assert json.loads((tmp_figures / "figures" / NB / "claims.json").read_text()) == committed   # never published
+
+
+def test_verify_reruns_with_the_committed_runs_thread_count(runner, tmp_figures, monkeypatch, tmp_path):
+    """The committed provenance says how many torch threads the run used; the cold rerun gets the same count (its
+    kernel sees OMP_NUM_THREADS / MKL_NUM_THREADS), and the variables are restored afterwards."""
+    monkeypatch.setattr(cli, "VERIFY", tmp_path / "verify")
+    monkeypatch.setattr(cli, "VERIFY_DOCS", tmp_path / "verify-docs")
+    monkeypatch.setenv("MOELAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    _write_nb(runner / "nbs", 'import torch\nrun.save_json({"threads": torch.get_num_threads()}, "threads")\n'
+                              'run.finish()\n')
+    assert cli.main(["run", "--profile", "default", "--no-progress", "--force", "--only", "00"]) == 0
+    fig = tmp_figures / "figures" / NB
+    prov = json.loads((fig / "provenance.json").read_text())
+    prov["hardware"]["torch_threads"] = 1
+    (fig / "provenance.json").write_text(json.dumps(prov))
+    assert cli.committed_threads(fig / "provenance.json") == {"OMP_NUM_THREADS": 1, "MKL_NUM_THREADS": 1}
+    cli.main(["verify", "--profile", "default", "--no-progress", "--only", "00"])
+    fresh = tmp_path / "verify" / NB / "scratch" / "default" / NB / "threads.json"
+    assert json.loads(fresh.read_text()) == {"threads": 1}
+    assert os.environ["OMP_NUM_THREADS"] == "7" and "MKL_NUM_THREADS" not in os.environ
+    assert cli.committed_threads(tmp_path / "nowhere.json") == {}
 
 
 def test_resume_skip_recomputes_claims_and_verdict_code_is_not_a_source(runner, tmp_figures):
@@ -205,10 +228,10 @@ def test_resume_skip_recomputes_claims_and_verdict_code_is_not_a_source(runner, 
     notebook gets its claims recomputed from its saved tables instead."""
     _write_nb(runner / "nbs", 'run.save_table(pd.DataFrame({"a": [1]}), "table1", "x")\nrun.finish()\n')
     args = ["run", "--profile", "default", "--no-progress", "--only", "00"]
-    assert notebooks.main(args + ["--force"]) == 0
+    assert cli.main(args + ["--force"]) == 0
     fig = tmp_figures / "figures" / NB
     prov = json.loads((fig / "provenance.json").read_text())
-    assert prov["sources"] and not [k for k in prov["sources"] if k.startswith(nbrun.VERDICT_CODE)]
+    assert prov["sources"] and not [k for k in prov["sources"] if k.startswith(notebook_run.VERDICT_CODE)]
     good = (fig / "claims.json").read_text()
     data = json.loads(good)
     data["claims"][0]["verdict"] = "reproduced" if data["claims"][0]["verdict"] != "reproduced" else "contradicted"
@@ -216,7 +239,7 @@ def test_resume_skip_recomputes_claims_and_verdict_code_is_not_a_source(runner, 
     # the tiny notebook is not the real 00 source, so the resume check sees a changed source: pretend it is current
     prov["sources"] = {k: v for k, v in prov["sources"].items() if not k.startswith("notebooks/")}
     (fig / "provenance.json").write_text(json.dumps(prov))
-    assert notebooks.main(args) == 0
+    assert cli.main(args) == 0
     assert json.loads((fig / "claims.json").read_text())["claims"] == json.loads(good)["claims"]
 
 
@@ -231,7 +254,7 @@ def test_publishing_a_default_keeps_a_running_full_staging_folder(tmp_path):
     (final / "old.csv").write_text("old")
     staging.mkdir()
     (staging / "new.csv").write_text("new")
-    nbrun.publish_dir(staging, final, "default")
+    notebook_run.publish_dir(staging, final, "default")
     assert (final / "new.csv").exists() and not (final / "old.csv").exists()
     assert (final / "full" / "claims.json").exists()
     assert (final / ".full.staging-4242" / "table.csv").read_text() == "a\n1\n"

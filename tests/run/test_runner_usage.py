@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from moelab import nbrun, notebooks
+from moelab.runner import cli, notebook_run
 
 from helpers import ROOT
 
@@ -33,15 +33,15 @@ def _write_nb(nbdir: Path) -> Path:
 
 @pytest.fixture
 def runner(tmp_path, tmp_figures, monkeypatch):
-    monkeypatch.setattr(notebooks, "NB_DIR", tmp_path / "nbs")
-    monkeypatch.setattr(notebooks, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(cli, "NB_DIR", tmp_path / "nbs")
+    monkeypatch.setattr(cli, "RUNS", tmp_path / "runs")
     monkeypatch.setenv("MOELAB_SCRATCH", str(tmp_path / "scratch"))
     _write_nb(tmp_path / "nbs")
     return tmp_path
 
 
 def _run(capfd, *args):
-    rc = notebooks.main(["run", "--only", "00", "--no-progress", *args])
+    rc = cli.main(["run", "--only", "00", "--no-progress", *args])
     out, err = capfd.readouterr()
     return rc, out, err
 
@@ -59,7 +59,7 @@ def test_seed_and_params_decide_current_scratch_and_published(runner, capfd, mon
     assert "up to date" in _run(capfd, "--profile", "smoke", "--seed", "1", "-p", "TAG='b'")[1]
     assert "up to date" not in _run(capfd, "--profile", "smoke", "--seed", "1")[1]   # back to the default TAG
     # published: the same rule, and a publishing run from a tree with changed sources warns loudly
-    monkeypatch.setattr(notebooks, "dirty_sources", lambda: [" M lib/moelab/core/layer.py"])
+    monkeypatch.setattr(cli, "dirty_sources", lambda: [" M lib/moelab/core/layer.py"])
     rc, out, err = _run(capfd, "--profile", "default")
     assert rc == 0 and "WARNING" in err and "lib/moelab/core/layer.py" in err
     fig = runner / "figures" / NB
@@ -73,20 +73,20 @@ def test_seed_and_params_decide_current_scratch_and_published(runner, capfd, mon
     assert rc == 0 and "up to date" in out and not dead.exists()
     # notebook-md rewrites a published folder's Markdown from the executed notebook the runner kept (same run only)
     (fig / "notebook.md").unlink()
-    assert notebooks.main(["notebook-md", str(fig)]) == 0 and "SEED = 2" in (fig / "notebook.md").read_text()
+    assert cli.main(["notebook-md", str(fig)]) == 0 and "SEED = 2" in (fig / "notebook.md").read_text()
     prov = json.loads((fig / "provenance.json").read_text())
     (fig / "provenance.json").write_text(json.dumps({**prov, "seed": 5}))
-    assert notebooks.main(["notebook-md", str(fig)]) == 2 and "SEED=2" in capfd.readouterr().err
+    assert cli.main(["notebook-md", str(fig)]) == 2 and "SEED=2" in capfd.readouterr().err
 
 
 def test_unknown_parameter_exits_2_naming_the_notebooks_parameters(runner, capfd):
     rc, out, err = _run(capfd, "--profile", "smoke", "-p", "TGA=1")
     assert rc == 2 and "TGA" in err and "TAG" in err
     assert not (runner / "runs").exists()                           # nothing ran
-    assert notebooks.notebook_parameters(ROOT / "notebooks" / "05_free_moe.py")[:3] == ["PROFILE", "SEED",
+    assert cli.notebook_parameters(ROOT / "notebooks" / "05_free_moe.py")[:3] == ["PROFILE", "SEED",
                                                                                       "MODEL_PATH"]
     nbs = [runner / "nbs" / f"{NB}.py", ROOT / "notebooks" / "05_free_moe.py"]
-    assert notebooks.params_for(nbs, {"MODEL_PATH": "/m"}) == {NB: {}, "05_free_moe": {"MODEL_PATH": "/m"}}
+    assert cli.params_for(nbs, {"MODEL_PATH": "/m"}) == {NB: {}, "05_free_moe": {"MODEL_PATH": "/m"}}
 
 
 def test_make_figures_passes_P_whole(tmp_path):
@@ -102,7 +102,7 @@ def test_make_figures_passes_P_whole(tmp_path):
     assert r.returncode == 0, r.stderr
     argv = (tmp_path / "argv").read_text().splitlines()
     value = argv[argv.index("--params") + 1]
-    assert notebooks.parse_params(notebooks.split_params(value)) == {"DATA_PATHS": {"a": "/x", "b": "/y z"},
+    assert cli.parse_params(cli.split_params(value)) == {"DATA_PATHS": {"a": "/x", "b": "/y z"},
                                                                      "SEEDS": [1, 2]}
 
 
@@ -110,14 +110,14 @@ def test_verify_report_rewritten_only_when_it_says_something_new(tmp_path):
     rows = [dict(claim="c1", committed="reproduced", fresh="reproduced", committed_ours=0.5, fresh_ours=0.51,
                  ci=(0.4, 0.6), status="ok")]
     path = tmp_path / "00.md"
-    assert notebooks.write_verify_report(path, notebooks.verify_report(NB, "default", rows, "aaa"))
+    assert cli.write_verify_report(path, cli.verify_report(NB, "default", rows, "aaa"))
     first = path.read_text()
     rows[0]["fresh_ours"] = 0.52                     # another commit, a number still inside its interval
-    assert not notebooks.write_verify_report(path, notebooks.verify_report(NB, "default", rows, "bbb"))
+    assert not cli.write_verify_report(path, cli.verify_report(NB, "default", rows, "bbb"))
     assert path.read_text() == first
-    assert notebooks.write_verify_report(path, notebooks.verify_report(NB, "default", rows, "bbb"), force=True)
+    assert cli.write_verify_report(path, cli.verify_report(NB, "default", rows, "bbb"), force=True)
     rows[0].update(fresh="contradicted", status="flipped")
-    assert notebooks.write_verify_report(path, notebooks.verify_report(NB, "default", rows, "bbb"))
+    assert cli.write_verify_report(path, cli.verify_report(NB, "default", rows, "bbb"))
     assert "flipped" in path.read_text()
 
 
@@ -131,18 +131,18 @@ def test_outputs_runs_write_do_not_make_the_commit_dirty(tmp_path, monkeypatch):
     subprocess.run(git + ["init", "-q"], cwd=tmp_path, check=True)
     subprocess.run(git + ["add", "."], cwd=tmp_path, check=True)
     subprocess.run(git + ["commit", "-q", "-m", "x"], cwd=tmp_path, check=True)
-    monkeypatch.setattr(nbrun, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(notebook_run, "REPO_ROOT", tmp_path)
     for f in files[1:]:
         (tmp_path / f).write_text("2\n")
-    assert not nbrun.git_commit().endswith("+dirty")
+    assert not notebook_run.git_commit().endswith("+dirty")
     (tmp_path / "lib/a.py").write_text("2\n")
-    assert nbrun.git_commit().endswith("+dirty") and nbrun.dirty_sources() == [" M lib/a.py"]
+    assert notebook_run.git_commit().endswith("+dirty") and notebook_run.dirty_sources() == [" M lib/a.py"]
 
 
 def test_primer_shows_the_claims_columns_a_reader_needs():
     records = pd.DataFrame([{c: None for c in ("id", "claim", "paper_ref", "metric", "unit", "paper_value", "kind",
                                                "ours", "ci_low", "ci_high", "n_items", "mde", "verdict", "reason")}])
-    view = nbrun.claims_for_reader(records)
+    view = notebook_run.claims_for_reader(records)
     assert "verdict" in view.columns and len(view.columns) <= 8
     last = (ROOT / "notebooks" / f"{NB}.py").read_text().rstrip().splitlines()[-1]
-    assert last.startswith("moelab.nbrun.claims_for_reader(claims)")
+    assert last.startswith("moelab.runner.notebook_run.claims_for_reader(claims)")

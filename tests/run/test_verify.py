@@ -1,5 +1,5 @@
 """`make verify`: a cold rerun compared with the committed claims (shared-code issue, item 4)."""
-from moelab import notebooks
+from moelab.runner import cli
 
 
 def _claims(*rows):
@@ -13,13 +13,13 @@ def test_compare_claims_statuses():
     fresh = _claims(("a", "reproduced", 1.4, 0.9, 1.9), ("b", "reproduced", 0.6, 0.3, 0.9),
                     ("c", "holds by construction", 1.0 + 5e-4, None, None), ("d", "not testable", None, None, None),
                     ("added", "inconclusive", 0.0, -1, 1))
-    st = {r["claim"]: r["status"] for r in notebooks.compare_claims(committed, fresh)}
+    st = {r["claim"]: r["status"] for r in cli.compare_claims(committed, fresh)}
     assert st == {"a": "ok", "b": "flipped", "c": "ok", "d": "ok", "gone": "missing", "added": "new"}
     fresh["claims"][0]["ours"] = 1.6                     # same verdict, number outside the committed interval
     fresh["claims"][2]["ours"] = 1.01                    # deterministic number beyond the float tolerance
-    st = {r["claim"]: r["status"] for r in notebooks.compare_claims(committed, fresh)}
+    st = {r["claim"]: r["status"] for r in cli.compare_claims(committed, fresh)}
     assert st["a"] == "outside" and st["c"] == "outside"
-    report = notebooks.verify_report("00_x", "default", notebooks.compare_claims(committed, fresh), "abc")
+    report = cli.verify_report("00_x", "default", cli.compare_claims(committed, fresh), "abc")
     assert "| b | inconclusive | reproduced |" in report and "differ" in report
 
 
@@ -28,7 +28,7 @@ def test_cold_cache_links_assets_but_not_artifacts(tmp_path):
     (real / "artifacts" / "kind").mkdir(parents=True)
     (real / "models").mkdir()
     (real / "models" / "m.bin").write_text("w")
-    cold = notebooks.cold_cache(tmp_path / "cold", real)
+    cold = cli.cold_cache(tmp_path / "cold", real)
     assert (cold / "models" / "m.bin").read_text() == "w" and not (cold / "artifacts").exists()
     (cold / "artifacts").mkdir()                          # built by the rerun: stays out of the real cache
     assert not (real / "artifacts" / "kind" / "x").exists() and (real / "artifacts" / "kind").is_dir()
@@ -38,6 +38,6 @@ def test_wall_time_claims_compare_by_verdict_only():
     committed = {"claims": [dict(id="t", claim="t", unit="log10 seconds", verdict="reproduced", ours=-0.9,
                                  ci_low=-0.92, ci_high=-0.88)]}
     fresh = {"claims": [dict(committed["claims"][0], ours=-0.7, ci_low=-0.75, ci_high=-0.65)]}
-    assert notebooks.compare_claims(committed, fresh)[0]["status"] == "ok"
+    assert cli.compare_claims(committed, fresh)[0]["status"] == "ok"
     fresh["claims"][0]["verdict"] = "inconclusive"
-    assert notebooks.compare_claims(committed, fresh)[0]["status"] == "flipped"
+    assert cli.compare_claims(committed, fresh)[0]["status"] == "flipped"

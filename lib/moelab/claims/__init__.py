@@ -5,7 +5,7 @@
 summaries are in ``verdict_summary``). See docs/CLAIMS.md.
 The claim definitions live beside the code they judge (``moelab.<paper>.claims``; the primer's in
 ``moelab.claims.primer``); this package imports no paper package, and ``rebuild`` / ``check`` are handed the
-definitions by their caller (the run layer's table, :data:`moelab.nbrun.CLAIM_DEFS`).
+definitions by their caller (the run layer's table, :data:`moelab.runner.notebook_run.CLAIM_DEFS`).
 """
 from moelab.claims.engine import (DECISIVE, DETERMINED_BY, ENGINE_VERSION, VERDICTS, ByConstruction, Claim,
                                   ClaimEvidenceError, Insufficient, Items, Level, MissingTable, NotInProfile, Options,

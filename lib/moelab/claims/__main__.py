@@ -2,7 +2,7 @@
 checklist of every decisive verdict; exit 1 when a decisive record has an empty field).
 
 An entry script, not part of the engine: it takes the notebook -> claim definitions table from the run layer
-(:func:`moelab.nbrun.claim_defs`), which the engine modules never import."""
+(:func:`moelab.runner.notebook_run.claim_defs`), which the engine modules never import."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from moelab.claims.rebuild import CHANGELOG, REPO_ROOT, check, figures_root, output_folders, rebuild
 from moelab.claims.verdict_summary import review_markdown, review_rows
-from moelab.nbrun import claim_defs
+from moelab.runner.notebook_run import claim_defs
 
 
 def main(argv=None) -> int:

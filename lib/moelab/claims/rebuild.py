@@ -4,7 +4,7 @@
 definitions from ``defs`` (a module with a ``CLAIMS`` list, or a function notebook -> such a module), evaluates every
 claim on the folder's tables and writes ``claims.json`` deterministically (rebuilding twice gives identical bytes).
 The caller names the definitions: this engine sits below the paper packages, whose ``<paper>/claims.py`` hold them,
-and imports none of them (the run layer's table is :data:`moelab.nbrun.CLAIM_DEFS`). Verdicts that change are
+and imports none of them (the run layer's table is :data:`moelab.runner.notebook_run.CLAIM_DEFS`). Verdicts that change are
 appended to the change log (``docs/verdict-changes.md``). ``check`` validates every committed ``claims.json`` and that
 a rebuild reproduces it.
 """
@@ -31,16 +31,16 @@ _CHANGELOG_HEAD = ("# Verdict change log\n\n"
 
 
 def figures_root() -> Path:
-    """The committed figures folder (``MOELAB_FIGURES`` overrides it, as in ``moelab.nbrun``)."""
+    """The committed figures folder (``MOELAB_FIGURES`` overrides it, as in ``moelab.runner.notebook_run``)."""
     return Path(os.environ.get("MOELAB_FIGURES") or REPO_ROOT / "figures")
 
 
 def load_claims(defs, notebook: str | None = None) -> list:
     """The checked ``CLAIMS`` list of claim definitions ``defs``: a module (or any object) with a ``CLAIMS`` list, or a
-    function that returns one for ``notebook`` (e.g. :func:`moelab.nbrun.claim_defs`)."""
+    function that returns one for ``notebook`` (e.g. :func:`moelab.runner.notebook_run.claim_defs`)."""
     if defs is None:
         raise ValueError("no claim definitions given: pass defs= (a module with a CLAIMS list, or a function notebook "
-                         "-> module such as moelab.nbrun.claim_defs)")
+                         "-> module such as moelab.runner.notebook_run.claim_defs)")
     mod = defs(notebook) if callable(defs) else defs
     if not hasattr(mod, "CLAIMS"):
         raise ValueError(f"{getattr(mod, '__name__', mod)!s} defines no CLAIMS list (see docs/CLAIMS.md)")
@@ -126,7 +126,7 @@ _STAGING_RE = re.compile(r"^\.(?P<name>.+)\.staging-\d+$")
 
 
 def _final_folder(folder: Path) -> Path:
-    """The folder a run's staging folder (``.<name>.staging-<pid>``, see ``moelab.nbrun``) will become."""
+    """The folder a run's staging folder (``.<name>.staging-<pid>``, see ``moelab.runner.notebook_run``) will become."""
     folder = Path(folder).resolve()
     m = _STAGING_RE.match(folder.name)
     return folder.parent / m["name"] if m else folder

@@ -13,9 +13,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from moelab.claims import Claim, Insufficient, Level, MissingTable, OutsideRegime, Regime, Seeds, Unobtainable
+from moelab.claims import (Claim, Insufficient, Level, MissingTable, NotInProfile, OutsideRegime, Regime, Seeds,
+                           Unobtainable)
 from moelab.mass import elbow_max_chord, frontier, frontier_bands, frontier_spread  # noqa: F401  (frontier: API)
 from moelab.mass import regime as mass_regime
+from moelab.mass.config import PROFILES as MASS_PROFILES
 
 # An expert count is an integer; the paper says "near or below the elbow" without a spread, and per-seed elbows of a
 # frontier move by 1-3 experts between seeds: +-2 experts is the smallest band that a seed change of the frontier
@@ -149,6 +151,9 @@ def glue_evidence(column: str, other: str):
     """GLUE stand-in (full profile): per seed, the mean over tasks of ``column``; MASS vs ``other`` paired by seed
     (every method runs the same seeds and tasks)."""
     def evidence(T):
+        if not T.has("fig4_glue_standin_runs") and T.profile in MASS_PROFILES and MASS_PROFILES[T.profile].glue is None:
+            return NotInProfile("full", f"the GLUE stand-in runs in the full (and smoke) profile only "
+                                        f"(this is {T.profile})")
         r = T.csv("fig4_glue_standin_runs")
         per_seed = r.groupby(["method", "seed"])[column].mean()
         missing = {"mass", other} - set(per_seed.index.get_level_values("method"))

@@ -1,6 +1,6 @@
 """An executed notebook as Markdown beside its published figures.
 
-Every run of the runner (``moelab.notebooks``) writes ``notebook.md`` into the run's output folder, and a published run
+Every run of the runner (``moelab.runner.cli``) writes ``notebook.md`` into the run's output folder, and a published run
 does so inside the staging folder, so the Markdown is swapped into ``figures/<nb>/`` (or ``full/``, ``paper/``) in the
 same renames as the figures. GitHub then shows the narrative, tables, plots and computed sentences of the committed
 run. Figures appear through the figure helper: under the runner ``run.savefig`` displays a link to the PNG it wrote

@@ -1,20 +1,20 @@
 """Notebook runner behind ``make figures`` / ``make test``.
 
-    python -m moelab.notebooks run --profile default [--only 03 [04 ...]] [--force] [--fail-fast] [--scratch]
+    python -m moelab.runner run --profile default [--only 03 [04 ...]] [--force] [--fail-fast] [--scratch]
                                    [-p NAME=VALUE ...]
-    python -m moelab.notebooks list
-    python -m moelab.notebooks stale          # committed figures whose sources changed since they were produced
-    python -m moelab.notebooks readme         # regenerate README's results table from the claims files
-    python -m moelab.notebooks notebook-md figures/03_cluster_upcycling   # rewrite its notebook.md
-    python -m moelab.notebooks timings        # regenerate docs/timings.md from the committed provenance files
+    python -m moelab.runner list
+    python -m moelab.runner stale          # committed figures whose sources changed since they were produced
+    python -m moelab.runner readme         # regenerate README's results table from the claims files
+    python -m moelab.runner notebook-md figures/03_cluster_upcycling   # rewrite its notebook.md
+    python -m moelab.runner timings        # regenerate docs/timings.md from the committed provenance files
 
 Notebooks are jupytext percent ``.py`` sources in ``notebooks/``; each run converts one to ``.ipynb``, executes it with
 papermill on this interpreter's kernel (the venv's), with ``PROFILE`` and ``SEED`` injected, and stores the executed
 notebook under the git-ignored ``runs/<profile>/``. The runner publishes (``figures/``, swapped in only when the
-notebook finishes: see :mod:`moelab.nbrun`) unless ``--scratch`` or the profile is ``smoke``; ``-p NAME=VALUE``
+notebook finishes: see :mod:`moelab.runner.notebook_run`) unless ``--scratch`` or the profile is ``smoke``; ``-p NAME=VALUE``
 (repeatable, as papermill's) passes further parameters, e.g. the paper profile's local paths:
 
-    python -m moelab.notebooks run --profile paper --only 05 -p MODEL_PATH=/models/Llama-2-7b-chat-hf
+    python -m moelab.runner run --profile paper --only 05 -p MODEL_PATH=/models/Llama-2-7b-chat-hf
 
 ``-p`` names must be parameters of the notebook (its ``parameters`` cell); an unknown name exits 2 naming them. With
 several notebooks, each gets the parameters its cell declares. ``make figures P="A=1 B={'x': 2}"`` passes ``P`` whole
@@ -23,7 +23,7 @@ several notebooks, each gets the parameters its cell declares. ``make figures P=
 A series resumes: a notebook whose last run in this profile finished, with the same seed and ``-p`` values, and whose
 source and imported moelab modules are unchanged (content hashes in its ``provenance.json``) is skipped unless
 ``--force``. Every run also writes the executed notebook as ``notebook.md`` into its output folder (published with the
-figures: :mod:`moelab.nbmd`); ``notebook-md FOLDER`` rewrites it from the kept executed notebook, and ``timings``
+figures: :mod:`moelab.runner.markdown`); ``notebook-md FOLDER`` rewrites it from the kept executed notebook, and ``timings``
 regenerates ``docs/timings.md`` from the committed ``provenance.json`` files.
 """
 from __future__ import annotations
@@ -43,10 +43,10 @@ from moelab.cache import cache_root
 from moelab.claims import rebuild as claims_rebuild
 from moelab.claims import scorecard_markdown
 from moelab.claims.verdict_summary import results_markdown
-from moelab.nbmd import MD_NAME, write_notebook_md
-from moelab.nbrun import (FIGURE_LINKS_ENV, OWNER_ENV, PARAMS_ENV, REPO_ROOT, claim_defs, dirty_sources, figures_root,
-                          git_commit, is_verdict_code, output_dir, publish_dir, recover_published, source_id,
-                          staging_dir, write_index)
+from moelab.runner.markdown import MD_NAME, write_notebook_md
+from moelab.runner.notebook_run import (FIGURE_LINKS_ENV, OWNER_ENV, PARAMS_ENV, REPO_ROOT, claim_defs,
+                                        dirty_sources, figures_root, git_commit, is_verdict_code, output_dir,
+                                        publish_dir, recover_published, source_id, staging_dir, write_index)
 from moelab.profiles import PROFILES, check_profile
 
 NB_DIR = REPO_ROOT / "notebooks"
@@ -448,8 +448,23 @@ def write_verify_report(path: Path, report: str, force: bool = False) -> bool:
     return True
 
 
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def committed_threads(prov_path: Path) -> dict:
+    """``{OMP_NUM_THREADS: n, MKL_NUM_THREADS: n}`` for the torch thread count the committed run recorded (``{}``
+    when it recorded none). A cold rerun with another count sums in another order, and a trained model drifts by
+    more than rounding (02's phase b: geometry levels 1-3% apart between 1 and 2 threads), so verify reruns with the
+    committed run's count."""
+    if not prov_path.exists():
+        return {}
+    n = json.loads(prov_path.read_text()).get("hardware", {}).get("torch_threads")
+    return {v: int(n) for v in THREAD_VARS} if isinstance(n, int) and n > 0 else {}
+
+
 def cmd_verify(a) -> int:
-    """Rerun notebooks cold into the scratch folder and compare their claims with the committed ones."""
+    """Rerun notebooks cold into the scratch folder (with the committed run's torch thread count) and compare their
+    claims with the committed ones."""
     check_profile(a.profile)
     if a.profile == "smoke":
         raise ValueError("verify compares with published results; smoke is never published: use --profile default")
@@ -464,8 +479,11 @@ def cmd_verify(a) -> int:
             continue
         work = VERIFY / src.stem
         cache = cold_cache(work / "cache", real_cache)
-        with _env(MOELAB_CACHE=cache, MOELAB_SCRATCH=work / "scratch"):
-            print(f"{src.stem}: cold rerun of profile {a.profile} (artifact cache {cache} empty) ...", flush=True)
+        threads = committed_threads(committed_path.parent / "provenance.json")
+        with _env(MOELAB_CACHE=cache, MOELAB_SCRATCH=work / "scratch", **threads):
+            print(f"{src.stem}: cold rerun of profile {a.profile} (artifact cache {cache} empty"
+                  + (f"; {threads['OMP_NUM_THREADS']} torch thread(s), as the committed run" if threads else "")
+                  + ") ...", flush=True)
             try:
                 wall = run_one(src, a.profile, seed=a.seed, progress=not a.no_progress, publish=False)
             except Exception as e:  # noqa: BLE001 - a failing notebook fails verify
@@ -547,7 +565,7 @@ def timing_rows(root: Path | None = None) -> list[dict]:
 def timings_markdown(root: Path | None = None) -> str:
     rows = timing_rows(root)
     lines = ["# Timings", "",
-             "Generated by `python -m moelab.notebooks timings` from the committed `figures/**/provenance.json` files; "
+             "Generated by `python -m moelab.runner timings` from the committed `figures/**/provenance.json` files; "
              "do not edit by hand. Wall time is the whole notebook run as its `provenance.json` records it; the "
              "machine and the torch threads are the run's own. *Artifact cache* says whether the run found its "
              "steps cached: a `warm` row times a rerun, not a cold run (`make figures` on a fresh clone is cold).", "",
@@ -580,7 +598,7 @@ def write_timings(doc: Path | None = None) -> Path | None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m moelab.notebooks", description="Run the notebook series.")
+    ap = argparse.ArgumentParser(prog="python -m moelab.runner", description="Run the notebook series.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="execute notebooks with papermill")
     r.add_argument("--profile", default="default", help=f"one of {PROFILES}")
@@ -624,7 +642,7 @@ def main(argv=None) -> int:
         if a.check:
             ok = TIMINGS_DOC.exists() and TIMINGS_DOC.read_text() == text
             print("docs/timings.md is current" if ok
-                  else "docs/timings.md differs: run python -m moelab.notebooks timings")
+                  else "docs/timings.md differs: run python -m moelab.runner timings")
             return 0 if ok else 1
         write_timings(TIMINGS_DOC)
         print(f"wrote {TIMINGS_DOC.relative_to(REPO_ROOT)} ({len(timing_rows())} runs)")
