@@ -765,7 +765,8 @@ def rekey(root: Path | None = None, dry_run: bool = False) -> list[tuple[str, st
     return moved
 
 
-if __name__ == "__main__":
+def main(argv=None) -> int:
+    """``python -m moelab.cache rekey [--root DIR] [--dry-run]``: see :func:`rekey`."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m moelab.cache",
@@ -774,8 +775,13 @@ if __name__ == "__main__":
     rk = sub.add_parser("rekey", help="move entries keyed under older exclusion rules to their current keys")
     rk.add_argument("--root", type=Path, default=None, help="cache folder (default: MOELAB_CACHE or ~/.cache/moelab)")
     rk.add_argument("--dry-run", action="store_true")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     done = rekey(a.root, a.dry_run)
     for kind, old, new in done:
         print(f"{kind}: {old} -> {new}")
     print(f"{'would move' if a.dry_run else 'moved'} {len(done)} entries")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

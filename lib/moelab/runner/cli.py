@@ -1,12 +1,12 @@
 """Notebook runner behind ``make figures`` / ``make test``.
 
     python -m moelab.runner run --profile default [--only 03 [04 ...]] [--force] [--fail-fast] [--scratch]
-                                   [-p NAME=VALUE ...]
+                                [-p NAME=VALUE ...]
     python -m moelab.runner list
-    python -m moelab.runner stale          # committed figures whose sources changed since they were produced
-    python -m moelab.runner readme         # regenerate README's results table from the claims files
+    python -m moelab.runner stale        # committed figures whose sources changed since they were produced
+    python -m moelab.runner readme       # regenerate README's results table from the claims files
     python -m moelab.runner notebook-md figures/03_cluster_upcycling   # rewrite its notebook.md
-    python -m moelab.runner timings        # regenerate docs/timings.md from the committed provenance files
+    python -m moelab.runner timings      # regenerate docs/timings.md from the committed provenance files
 
 Notebooks are jupytext percent ``.py`` sources in ``notebooks/``; each run converts one to ``.ipynb``, executes it with
 papermill on this interpreter's kernel (the venv's), with ``PROFILE`` and ``SEED`` injected, and stores the executed
