@@ -725,14 +725,22 @@ def _code_digest(closure: dict) -> str:
     return hashlib.sha256(json.dumps(closure, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _json_or_none(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def rekey(root: Path | None = None, dry_run: bool = False) -> list[tuple[str, str, str]]:
     """Move every entry keyed under older exclusion rules to the key the current rules give it.
 
     A module added to :data:`NOT_IN_KEYS` (or :data:`NOT_IN_KEYS_EXACT`) leaves every closure that held it, so every
     key that covered it changes although no step computes anything else. For each finished entry whose marker records
     its code closure, this checks that the entry's key is what that configuration and closure give (otherwise the
-    entry is left alone), drops the modules now excluded, and renames the entry to the resulting key (its
-    ``config.json`` and marker rewritten, the marker noting ``rekeyed`` with the old key and what was dropped). Modules
+    entry is left alone), drops the modules now excluded, and renames the entry to the resulting key (its marker
+    rewritten, noting ``rekeyed`` with the old key and what was dropped; its ``config.json`` too when that file is the
+    cache's record of the key, never when the builder wrote its own there, e.g. a ``save_pretrained`` model). Modules
     still in the closure keep their recorded digests: an entry built from code that has changed since stays unmatched.
     Returns ``[(kind, old key, new key)]``."""
     base = (Path(root) if root is not None else cache_root()) / "artifacts"
@@ -757,7 +765,9 @@ def rekey(root: Path | None = None, dry_run: bool = False) -> list[tuple[str, st
         if dry_run:
             continue
         with writing():
-            (entry / "config.json").write_text(json.dumps(new_cfg, sort_keys=True, indent=1, default=_json_default))
+            own = entry / "config.json"   # the cache's record of the key, unless the builder wrote its own there
+            if own.is_file() and _json_or_none(own) == json.loads(json.dumps(cfg, default=_json_default)):
+                own.write_text(json.dumps(new_cfg, sort_keys=True, indent=1, default=_json_default))
             write_marker(entry, {**meta, "config": new_cfg, "code": kept,
                                  "rekeyed": {"from": entry.name, "dropped": sorted(set(code) - set(kept)),
                                              "at": time.time()}})

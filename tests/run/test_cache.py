@@ -650,3 +650,25 @@ def test_rekey_moves_an_entry_keyed_under_older_rules_to_its_current_key(tmp_cac
     assert json.loads((current / "config.json").read_text()) == meta["config"]
     assert any(o == stale.name for _, o, _ in moved)   # moved too, to a key no current step asks for
     assert cache.rekey() == []                          # nothing left to move
+
+
+def test_rekey_keeps_a_config_json_the_builder_wrote(tmp_cache):
+    """A builder that saves a Hugging Face model writes its own ``config.json`` over the cache's record of the key;
+    re-keying must leave that file as the builder wrote it (the model cannot load without it)."""
+    model_cfg = {"model_type": "vit", "hidden_size": 64}
+
+    def build(tmp):
+        (tmp / "config.json").write_text(json.dumps(model_cfg))
+        (tmp / "weights.bin").write_bytes(b"0123")
+
+    path = cache.artifact("toy_model", {"n": 1}, build)
+    meta = cache.read_marker(path)
+    old_code = {**meta["code"], "lib/moelab/__init__.py": "aaaa"}
+    old_cfg = {**meta["config"], "_code": cache._code_digest(old_code)}
+    old = path.parent / cache.key(old_cfg)
+    path.rename(old)
+    cache.write_marker(old, {**meta, "config": old_cfg, "code": old_code})
+    assert cache.rekey() == [("toy_model", old.name, path.name)]
+    assert json.loads((path / "config.json").read_text()) == model_cfg
+    assert cache.entry_problems(path, hashes=True) == []
+    assert cache.artifact("toy_model", {"n": 1}, lambda tmp: pytest.fail("rebuilt")) == path
