@@ -816,7 +816,7 @@ def record(claim: Claim, st: _Stat, verdict: str, reason: str, regime=None, unit
 
 
 def _gate(claim: Claim, st: _Stat, verdict: str, reason: str, reg, reg_missing: str) -> tuple[str, str]:
-    """The issue-32 gates, which never look at the answer: extension, unobtainable / another profile, the regime
+    """The gates which never look at the answer: extension, unobtainable / another profile, the regime
     check, a quantity fixed by the definition or the initialisation; then a zero-width interval is flagged."""
     if claim.extension:
         return "extension", f"not a claim of the paper; as a test it would read {verdict}: {reason}"

@@ -348,7 +348,7 @@ def write_readme_results(readme: Path | None = None) -> bool:
     return True
 
 
-# ---------------------------------------------------------------- make verify (shared-code issue, item 4)
+# ---------------------------------------------------------------- make verify
 VERIFY = REPO_ROOT / "runs" / "verify"
 VERIFY_DOCS = REPO_ROOT / "docs" / "verify"
 FLOAT_TOL = 1e-3   # relative tolerance for numbers without an interval (deterministic by construction)
