@@ -252,6 +252,14 @@ def test_every_timing_equals_its_provenance():
     assert seen == committed
 
 
+def test_the_total_says_which_rows_are_not_cold():
+    rows = [{"notebook": "00", "cache": "cold (0 built)"}, {"notebook": "01", "cache": "warm (3 reused, 0 built)"},
+            {"notebook": "02", "cache": "not recorded"}]
+    assert cli.total_caveat(rows[:1]) == ""
+    said = cli.total_caveat(rows)
+    assert "01 ran on a warm artifact cache" in said and "02 did not record its cache use" in said
+
+
 def test_cache_state_labels_warm_runs():
     assert cli.cache_state({}) == "not recorded"
     assert cli.cache_state({"artifact_cache": {"reused": 0, "built": 7, "build_s": 3.0}}) == "cold (7 built)"
