@@ -1,4 +1,4 @@
-"""Claims engine v2 (issue 14): statistics against naive references, definition errors, the verdict rule, the
+"""Claims engine: statistics against naive references, definition errors, the verdict rule, the
 schema, rebuild/check/CLI and the scorecard. Calibration and the defect classes: tests/claims/test_calibration.py."""
 import importlib
 import json
@@ -375,7 +375,7 @@ def test_scorecard_markdown(demo):
 
 
 def test_labels_gates_and_checklist(demo):
-    """Issue 32: the undecided labels, the gates that never look at the answer, the checklist fields, review."""
+    """The undecided labels, the gates that never look at the answer, the checklist fields, review."""
     root, folder, mod = demo
     runs = mod.CLAIMS[0].evidence
     fail = Regime("the stand-in beats its baseline", "2.24 vs 2.22", False)
@@ -410,7 +410,7 @@ def test_labels_gates_and_checklist(demo):
 
 
 def test_proxy_rows_are_never_underpowered():
-    """A proxy equivalence row whose tolerance is below our MDE is inconclusive, not underpowered (issue 32)."""
+    """A proxy equivalence row whose tolerance is below our MDE is inconclusive, not underpowered."""
     ev = Items(RNG.normal(0, 1, 30), RNG.normal(0, 1, 30))
     rec = evaluate(comp(ev, paper_value={"A": 50.0, "B": 50.0}, tolerance=0.01, tolerance_why="test",
                         paper_tolerance=0.5, unit="nats", paper_unit="points", proxy=True), _T())

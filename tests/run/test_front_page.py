@@ -1,4 +1,4 @@
-"""The front page stays true (issue 37, item 3): every relative link in README.md, CONTRIBUTING.md and docs/*.md
+"""The front page stays true: every relative link in README.md, CONTRIBUTING.md and docs/*.md
 resolves (file or folder, and the heading an ``#anchor`` names); every ``make X`` in their code is a Makefile target;
 every ``python -m moelab...`` command in their code parses with that entry point's own argument parser (a notebook's
 ``-p`` names must be parameters of the notebooks it selects), and every ``module:function`` launch target imports.
