@@ -92,7 +92,7 @@ def test_paper_numbers_match_a_second_transcription(key):
         assert c.paper_value[k] == pytest.approx(v, abs=1e-9), (cid, k)
 
 
-def test_issue14_defects_are_fixed_in_the_definitions():
+def test_the_reviewed_defects_are_fixed_in_the_definitions():
     sba = _by_id("02_sba")
     # Table II: unit-output SBA is worse than linear on STS and clustering, better on SprintDuplicate
     assert sba["sba_unit_vs_linear_wordnet_sts"].expected_sign == -1
