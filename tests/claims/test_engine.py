@@ -15,6 +15,7 @@ from moelab.claims import (ByConstruction, Claim, ClaimEvidenceError, Insufficie
                            NotInProfile, Options, Precomputed, Regime, Seeds, Tables, Trend, Unobtainable,
                            check_definitions, evaluate, scorecard_markdown, validate_record)
 from moelab.claims.__main__ import main as cli
+from moelab.claims.verdict_summary import short_reason
 from moelab.claims.verdict_summary import results_markdown, review_markdown
 from moelab.runner.notebook_run import CLAIM_DEFS, REPO_ROOT, claim_defs
 
@@ -440,3 +441,11 @@ def test_every_claim_definition_file_checks():
             if c.paper_effect is not None and not c.equivalence:
                 flip = 1 if c.paper_higher_is_better == c.higher_is_better else -1
                 assert c.expected_sign == np.sign(c.paper_effect) * flip, (name, c.id)
+
+
+def test_short_reason_shows_what_failed_the_regime_check():
+    c = {"reason": 'regime check failed ("every seed met the targets"): seed 0 missed by 0.004; measured anyway: x'}
+    assert short_reason(c) == "seed 0 missed by 0.004"
+    assert short_reason({"reason": 'regime check failed ("best model beats the 4-gram"); stand-in'}) == \
+        "best model beats the 4-gram"
+    assert short_reason({"reason": "scored by the full profile: not run"}) == "scored by the full profile: not run"
