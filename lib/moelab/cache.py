@@ -373,14 +373,13 @@ def _excluded(module: str) -> bool:
 
 def _module_index(lib: Path = LIB) -> dict[str, Path]:
     """``{dotted module name: file}`` for every module of the package rooted at ``lib``."""
-    pkg = lib.name
-    out = {}
-    for f in sorted(lib.rglob("*.py")):
-        parts = list(f.relative_to(lib).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        out[".".join([pkg, *parts])] = f
-    return out
+    return {_dotted(Path(lib.name) / f.relative_to(lib)): f for f in sorted(lib.rglob("*.py"))}
+
+
+def _dotted(rel: Path) -> str:
+    """``moelab/core/routing.py`` -> ``moelab.core.routing``; ``moelab/__init__.py`` -> ``moelab``."""
+    parts = list(rel.with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -713,12 +712,8 @@ def memo(kind: str, config: dict, compute: Callable[[], Any], version=None) -> A
 # ---------------------------------------------------------------- re-keying after the exclusion rules change
 def _module_of_path(rel: str) -> str:
     """``lib/moelab/core/routing.py`` -> ``moelab.core.routing``; ``lib/moelab/__init__.py`` -> ``moelab``."""
-    parts = list(Path(rel).with_suffix("").parts)
-    if parts and parts[0] == "lib":
-        parts = parts[1:]
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-    return ".".join(parts)
+    path = Path(rel)
+    return _dotted(path.relative_to("lib") if path.parts[0] == "lib" else path)
 
 
 def _code_digest(closure: dict) -> str:

@@ -36,7 +36,7 @@ def select(profile: str, **per_profile):
 
 def paper_input_hint(notebook: str, param: str, what: str) -> str:
     """How to give a paper-profile notebook a local input it cannot download: the instruction every paper loader's
-    ``MissingAsset`` carries (JupyterLab/runner issue, item 5).
+    ``MissingAsset`` carries.
 
     ``paper_input_hint("05", "MODEL_PATH", "a local Hugging Face folder of Llama-2-7b-chat")`` ->
     "get a local Hugging Face folder of Llama-2-7b-chat, then pass it: python -m moelab.runner run --profile paper

@@ -1,15 +1,15 @@
-"""Calibration of the claims engine on simulated null data, and one test per defect class of issue 14 (each must be
+"""Calibration of the claims engine on simulated null data, and one test per defect class the review found (each must be
 impossible by construction).
 
-Null model (issue 14, item 6): two identical configurations A and B, 3 training seeds x 200 items each. A score is
+Null model: two identical configurations A and B, 3 training seeds x 200 items each. A score is
 item difficulty (shared by both arms: the same test items) + a seed effect (s.d. 0.5, comparable to the item noise
 s.d. 1: a retrained model moves its whole mean) + item noise. The engine must decide (reproduced/contradicted) in
 2.5%-6.5% of 1,000 simulations: the lower bound catches an engine that never decides, the upper one an engine that
 mistakes item noise of one seed for evidence (the old item bootstrap: asserted below to fail this band).
 
-Issue 32 extends the band to every decision path the notebooks use: a level against a paper value, an equivalence
+The tests extend the band to every decision path the notebooks use: a level against a paper value, an equivalence
 within a tolerance (null at the tolerance's edge), the 2-D trend (a random slope per seed), the permutation test of
-notebook 01 and bounded scores with pseudo-pairs; and checks that a monotone saturating curve does not pass the
+notebook 01 and bounded scores with pseudo-pairs; and check that a monotone saturating curve does not pass the
 rise-then-fall shape test. Mutations the suite must catch (each was applied by hand and made a test here fail, see
 docs/CLAIMS.md "Calibration"): pooling seed x step points in the trend path (-> the 2-D trend test), an equivalence
 branch that ignores the interval (-> the equivalence test), a level claim whose standard error is shrunk tenfold
@@ -126,7 +126,7 @@ def test_permutation_path_is_calibrated():
 
 
 def test_rise_then_fall_rejects_monotone_saturating_curves():
-    """Issue 32: 're-stabilises' needs a fall beyond noise. Saturating curves without a fall (1 - exp(-step/tau),
+    """'re-stabilises' needs a fall beyond noise. Saturating curves without a fall (1 - exp(-step/tau),
     random amplitude and rate per seed, noise) pass < 5%; the old slope on -|step - mid| passes a large share of them
     (~45% here, ~99.9% in the review's simulation).
     Real rise-then-fall curves pass most of the time (the test has power)."""
@@ -170,7 +170,7 @@ def test_trend_path_is_calibrated_on_pure_noise():
     assert BAND[0] <= rate <= BAND[1], rate
 
 
-# ---------------------------------------------------------------- defect classes (issue 14, "What the review found")
+# ---------------------------------------------------------------- defect classes (what the review found)
 def test_defect_level_reported_as_effect():
     """01 printed the bpb of the 'moce' run (-1.111) as the effect of three ablations: ``ours`` of a comparative
     claim is always a - b, of a best claim x - best other option, and the schema rejects anything else."""

@@ -1,8 +1,8 @@
-"""Claim definitions of notebooks 01 (MoCE), 02 (SBA) and 03 (cluster-aware upcycling), claims issue 14.
+"""Claim definitions of notebooks 01 (MoCE), 02 (SBA) and 03 (cluster-aware upcycling).
 
 Checks: the definitions load and pass ``check_definitions``; every expected sign equals the sign of the paper numbers
-written beside it (recomputed here, and against a second transcription of the papers' tables); the named defects of
-issue 14 are fixed (Table II directions, the norm-free equivalence, split "top-2 and soft beat top-1", dependence not
+written beside it (recomputed here, and against a second transcription of the papers' tables); the named defects
+are fixed (Table II directions, the norm-free equivalence, split "top-2 and soft beat top-1", dependence not
 concentration, by-construction geometry); every claim evaluates on the committed default and full folders (copied to a
 temporary folder) into a record that validates; the helpers agree with naive references.
 """
@@ -92,7 +92,7 @@ def test_paper_numbers_match_a_second_transcription(key):
         assert c.paper_value[k] == pytest.approx(v, abs=1e-9), (cid, k)
 
 
-def test_issue14_defects_are_fixed_in_the_definitions():
+def test_the_reviewed_defects_are_fixed_in_the_definitions():
     sba = _by_id("02_sba")
     # Table II: unit-output SBA is worse than linear on STS and clustering, better on SprintDuplicate
     assert sba["sba_unit_vs_linear_wordnet_sts"].expected_sign == -1
@@ -140,7 +140,7 @@ def test_every_claim_evaluates_on_the_committed_tables(tmp_path, nb, profile):
         assert by["sba_unit_vs_linear_wordnet_sts"]["verdict"] != "reproduced"
     if nb == "03_cluster_upcycling":
         assert by["similarity_vs_sparse"]["verdict"] == "holds by construction"
-        # the shape is tested per seed on a fixed held-out batch (issue 32: rise and fall, not one slope); our 120
+        # the shape is tested per seed on a fixed held-out batch (rise and fall, not one slope); our 120
         # steps cannot stand for the poster's whole trajectory: outside the regime, with the measurement beside it
         trend = by["entropy_explores_then_restabilises"]
         assert "held-out batch" in trend["metric"] and "min(rise, fall)" in trend["method"], trend
@@ -172,7 +172,7 @@ def test_independence_test_separates_dependent_from_independent_tables():
 
 
 def test_init_determined_analyses_hold_by_construction_even_when_the_routers_move(tmp_path):
-    """Issue 32: the gate does not look at the answer: compactness is declared determined by the initialisation, so
+    """The gate does not look at the answer: compactness is declared determined by the initialisation, so
     it is 'holds by construction' whether or not the routers moved (the measured difference is in the record)."""
     rows = []
     for m, init, final in (("cluster_eesd", 0.65, 0.55), ("sparse", 0.85, 0.84)):
@@ -207,6 +207,6 @@ def test_domain_dependence_reads_the_counts_of_the_moce_encoder(tmp_path):
             for d, counts in table.items() for k, n in counts.items()]
     T = run_folder(tmp_path, "01_moce", {"appC_domain-cluster-counts": pd.DataFrame(rows)})
     r = evaluate({c.id: c for c in nb01_moce.CLAIMS}["clusters_separate_domains"], T)
-    # the clustering runs before any training: a property of MoCE's initialisation (issue 32)
+    # the clustering runs before any training: a property of MoCE's initialisation
     assert r["verdict"] == "holds by construction" and r["n_items"] == 40 + 173 + 85 and "e5" in r["method"]
     assert r["ci_low"] is None and "+" in r["reason"]

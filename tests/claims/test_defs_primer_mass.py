@@ -1,4 +1,4 @@
-"""Claim definitions of notebooks 00 (primer) and 04 (MASS), issue 14 (05 Free-MoE: tests/free_moe/test_claims.py).
+"""Claim definitions of notebooks 00 (primer) and 04 (MASS); 05 (Free-MoE) is in tests/free_moe/test_claims.py.
 
 Checks: the definitions pass ``check_definitions``; each claim's expected sign equals the direction read from the
 paper (typed here by hand from the paper's tables, independently of the engine's derivation); every claim evaluates
@@ -161,7 +161,7 @@ def test_04_comparisons_are_gated_by_the_regime(tmp_path):
         assert (rec["verdict"] == "outside the regime") == (not ok), (sub, rec["verdict"])
         if not ok:
             assert "regime check failed" in rec["reason"] and f"{trigram + 0.01:.3f}" in rec["reason"]
-        # issue 32: the active-experts claim is computed on the same stand-in, so the same gate holds it
+        # the active-experts claim is computed on the same stand-in, so the same gate holds it
         act = evaluate(_claim(nb04, "active_experts_per_token"), T)
         assert (act["verdict"] == "outside the regime") == (not ok), (sub, act["verdict"])
         assert act["regime"]["passed"] is ok
@@ -190,7 +190,7 @@ def test_04_active_experts_needs_runs_that_expanded(tmp_path):
     runs = pd.DataFrame(dict(seed=range(5), init_experts=[2, 2, 2, 4, 4], final_experts=[2, 2, 3, 4, 4],
                              mean_active=[1, 1, 1.002, 1, 1.0], test_loss=2.0))
     T = tables_folder(tmp_path, {"fig2_mass_runs": runs})
-    ev = nb04.active_experts_evidence(T)   # a training outcome: never "by construction" (issue 32)
+    ev = nb04.active_experts_evidence(T)   # a training outcome: never "by construction"
     assert isinstance(ev, OutsideRegime) and "1 of 5 MASS runs expanded" in ev.reason and "4->4" in ev.reason
     runs.loc[:, "init_experts"] = 8
     runs.loc[:, "final_experts"] = [8, 9, 12, 10, 11]
@@ -214,7 +214,7 @@ def test_04_jsd_is_run_level(tmp_path):
 
 
 def test_00_identity_holds_by_construction_whichever_way_it_falls(tmp_path):
-    """Issue 32: a definition-determined quantity is 'holds by construction' even when the implementation breaks it
+    """A definition-determined quantity is 'holds by construction' even when the implementation breaks it
     (the record then shows the measured deviation; a broken implementation is for the unit tests)."""
     agg = pd.DataFrame(dict(angle_deg=[0.0, 60.0, 120.0], linear_norm=[1.0, 0.866, 0.2],
                             cos_half_angle=[1.0, 0.8660254, 0.5], sba_norm=1.0, mean_expert_norm=1.0))

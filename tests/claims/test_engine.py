@@ -1,4 +1,4 @@
-"""Claims engine v2 (issue 14): statistics against naive references, definition errors, the verdict rule, the
+"""Claims engine: statistics against naive references, definition errors, the verdict rule, the
 schema, rebuild/check/CLI and the scorecard. Calibration and the defect classes: tests/claims/test_calibration.py."""
 import importlib
 import json
@@ -15,6 +15,7 @@ from moelab.claims import (ByConstruction, Claim, ClaimEvidenceError, Insufficie
                            NotInProfile, Options, Precomputed, Regime, Seeds, Tables, Trend, Unobtainable,
                            check_definitions, evaluate, scorecard_markdown, validate_record)
 from moelab.claims.__main__ import main as cli
+from moelab.claims.verdict_summary import short_reason
 from moelab.claims.verdict_summary import results_markdown, review_markdown
 from moelab.runner.notebook_run import CLAIM_DEFS, REPO_ROOT, claim_defs
 
@@ -375,7 +376,7 @@ def test_scorecard_markdown(demo):
 
 
 def test_labels_gates_and_checklist(demo):
-    """Issue 32: the undecided labels, the gates that never look at the answer, the checklist fields, review."""
+    """The undecided labels, the gates that never look at the answer, the checklist fields, review."""
     root, folder, mod = demo
     runs = mod.CLAIMS[0].evidence
     fail = Regime("the stand-in beats its baseline", "2.24 vs 2.22", False)
@@ -410,7 +411,7 @@ def test_labels_gates_and_checklist(demo):
 
 
 def test_proxy_rows_are_never_underpowered():
-    """A proxy equivalence row whose tolerance is below our MDE is inconclusive, not underpowered (issue 32)."""
+    """A proxy equivalence row whose tolerance is below our MDE is inconclusive, not underpowered."""
     ev = Items(RNG.normal(0, 1, 30), RNG.normal(0, 1, 30))
     rec = evaluate(comp(ev, paper_value={"A": 50.0, "B": 50.0}, tolerance=0.01, tolerance_why="test",
                         paper_tolerance=0.5, unit="nats", paper_unit="points", proxy=True), _T())
@@ -440,3 +441,11 @@ def test_every_claim_definition_file_checks():
             if c.paper_effect is not None and not c.equivalence:
                 flip = 1 if c.paper_higher_is_better == c.higher_is_better else -1
                 assert c.expected_sign == np.sign(c.paper_effect) * flip, (name, c.id)
+
+
+def test_short_reason_shows_what_failed_the_regime_check():
+    c = {"reason": 'regime check failed ("every seed met the targets"): seed 0 missed by 0.004; measured anyway: x'}
+    assert short_reason(c) == "seed 0 missed by 0.004"
+    assert short_reason({"reason": 'regime check failed ("best model beats the 4-gram"); stand-in'}) == \
+        "best model beats the 4-gram"
+    assert short_reason({"reason": "scored by the full profile: not run"}) == "scored by the full profile: not run"

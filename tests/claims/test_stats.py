@@ -1,4 +1,4 @@
-"""Tests for the helpers several paper modules share, in moelab.stats (issue 18, item 7): the elbow rule
+"""Tests for the helpers several paper modules share, in moelab.stats: the elbow rule
 (max distance to the chord; MASS Sec. 4.3, MoCE App. B) and the Jensen-Shannon divergence (MASS Fig. 3, SBA notebook 02).
 Each against a naive reference: a Python loop for the elbow, scipy's jensenshannon and the entropy formula for the JSD."""
 import math

@@ -1,4 +1,4 @@
-"""Issue 21 (notebook 03, poster 002): the package layout of moelab.cluster_upcycling, the special-token handling of
+"""Notebook 03 (poster 002): the package layout of moelab.cluster_upcycling, the special-token handling of
 the calibration set, and the analyses measured on a fixed held-out token set (expert-output similarity, router
 movement, the held-out entropy trajectory), each against a naive loop reference."""
 import ast
@@ -21,7 +21,7 @@ from moelab.core.similarity import expert_output_similarity
 from helpers.core import tiny_bert_ffn
 
 
-# ---------------------------------------------------------------- layout (issue 21, item 6)
+# ---------------------------------------------------------------- layout
 OLD_PUBLIC = ["spherical_kmeans", "KMeansResult", "whitening_factor", "effective_rank", "data_aware_truncate",
               "TruncResult", "cluster_aware_expert_weights", "ClusterAwareInit", "GATED_ACTS", "EESD",
               "dense_ensemble", "routing_entropy", "expert_utilisation", "relative_compactness", "expert_similarity",
@@ -151,7 +151,7 @@ def test_trajectory_steps():
         cu.experiment.trajectory_steps(10, 1)
 
 
-# ---------------------------------------------------------------- special tokens in the calibration set (item 4)
+# ---------------------------------------------------------------- special tokens in the calibration set
 def _sentences(n_sent=40, per=7, d=16, seed=0):
     """Calibration tokens of ``n_sent`` sentences: one [CLS]-like token per sentence along a direction of its own
     (small noise) then ``per`` ordinary tokens from 3 blobs. Returns (x [T, d], special mask [T])."""
@@ -277,7 +277,7 @@ def test_entropy_trend_claim_reads_the_heldout_trajectory():
     t = np.arange(7.0)
     peaked = 0.6 + 0.05 * (3 - np.abs(t - 3)) + 0.002 * rng.standard_normal((3, 7))
     r = _verdict(_trajectories(peaked))
-    # issue 32: a per-seed rise-then-fall test; our 120 steps cannot stand for the poster's whole trajectory, so the
+    # a per-seed rise-then-fall test; our 120 steps cannot stand for the poster's whole trajectory, so the
     # verdict is "outside the regime" whatever the shape, with the measurement in the record
     assert r["kind"] == "trend" and r["verdict"] == "outside the regime" and r["n_seeds"] == 3
     assert r["ours"] == pytest.approx(np.mean(rise_then_fall_stats(peaked)), rel=1e-4) and r["ours"] > 0

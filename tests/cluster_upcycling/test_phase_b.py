@@ -1,4 +1,4 @@
-"""Issue 21 phase B (notebook 03, poster 002): training settings chosen on validation (scripts/tune_03.py and
+"""Phase B of notebook 03 (poster 002): training settings chosen on validation (scripts/tune_03.py and
 ``tuned_settings``), R@1 at initialisation and Drop-Upcycling's damage, every analysis at init and at the end with
 what the initialisation fixes by definition, the special-token summary, and the claims built on them; each against a
 naive reference (a loop, the formula)."""
@@ -24,7 +24,7 @@ CLAIMS = {c.id: c for c in nb03.CLAIMS}
 REC = 1e-5  # claim records keep 6 significant digits
 
 
-# ---------------------------------------------------------------- training settings (issue 21 item 1)
+# ---------------------------------------------------------------- training settings
 def _runs(rows):
     return pd.DataFrame([dict(candidate=c, seed=s, lr=lr, steps=T, batch_size=b, val_r1=v)
                          for c, lr, T, b, vals in rows for s, v in enumerate(vals)])
@@ -122,7 +122,7 @@ def test_tune_script_choose_stage_round_trips_into_the_notebook_reader(tmp_path)
         t3.main(["--stage", "screen", "--grid", "tiny", "--only", "nope", "--out", str(tmp_path / "t")])
 
 
-# ---------------------------------------------------------------- R@1 at init, Drop's damage (issue 21 item 3)
+# ---------------------------------------------------------------- R@1 at init, Drop's damage
 def _r1(hits_a2p, hits_p2a):
     return {"a2p": np.asarray(hits_a2p, float), "p2a": np.asarray(hits_p2a, float)}
 
@@ -204,7 +204,7 @@ def test_benchmarks_every_seed_of_the_listed_methods(tiny_st, tmp_path, monkeypa
                    ("drop", 1): False}
 
 
-# ---------------------------------------------------------------- analyses at init and at the end (item 2)
+# ---------------------------------------------------------------- analyses at init and at the end
 def _panels():
     rows = []
     for m, c0, c1 in (("sparse", 0.85, 0.84), ("cluster_eesd", 0.60, 0.58), ("drop", 0.80, 0.70)):
@@ -301,7 +301,7 @@ def test_vision_cells_fine_tune_the_dense_model_with_every_seed(monkeypatch):
     assert seen == [("dense", 0), ("sparse", 0), ("sparse", 1)]  # no fine-tuning: the untrained dense once
 
 
-# ---------------------------------------------------------------- the claims built on them (item 3)
+# ---------------------------------------------------------------- the claims built on them
 def _tables(tmp_path, tables: dict) -> Tables:
     return run_folder(tmp_path, "03_cluster_upcycling", tables)
 
@@ -322,7 +322,7 @@ def test_drop_claims_read_damage_at_init_and_repair_at_the_end(tmp_path):
     r = evaluate(CLAIMS["drop_damage_repaired"], T)
     d = np.array([41.5, 42.0, 41.8]) - 40.0  # each seed minus the one untrained dense model
     assert r["kind"] == "comparative" and r["ours"] == pytest.approx(d.mean(), rel=REC) and r["n_seeds"] == 3
-    assert r["verdict"] == "outside the regime" and r["ci_low"] > 0   # issue 32: the poster's repair took 1.3B samples
+    assert r["verdict"] == "outside the regime" and r["ci_low"] > 0   # the poster's repair took 1.3B samples
     assert r["mde"] is not None
     r = evaluate(CLAIMS["r1_vs_drop"], T)  # repaired: the end-of-training comparison is tested
     assert r["ours"] == pytest.approx(np.mean([43.0, 44.0, 43.5]) - np.mean([41.5, 42.0, 41.8]), rel=REC)
@@ -337,7 +337,7 @@ def test_drop_claims_read_damage_at_init_and_repair_at_the_end(tmp_path):
     init3 = init.copy()
     init3.loc[(init3["method"] == "drop") & (init3["seed"] == 1), "r1_avg"] = 40.5
     r = evaluate(CLAIMS["drop_disrupts_at_init"], _tables(tmp_path / "c", {nb03.R1: end, nb03.R1_INIT: init3}))
-    assert r["kind"] == "comparative" and r["verdict"] == "holds by construction"   # issue 32: whichever way
+    assert r["kind"] == "comparative" and r["verdict"] == "holds by construction"   # whichever way
     # a run without R@1 at init, or without Drop
     assert evaluate(CLAIMS["drop_disrupts_at_init"], _tables(tmp_path / "d", {nb03.R1: end}))["verdict"] == \
         "inconclusive"
@@ -373,7 +373,7 @@ def test_output_similarity_and_entropy_at_init_claims(tmp_path):
     ent[("cluster_eesd", "init")] = [0.7, 0.99, 0.71]  # not lower in every seed: the seed comparison decides
     r = evaluate(CLAIMS["entropy_confident_at_init"],
                  _tables(tmp_path / "e", {nb03.PANELS: _panel_rows("routing_entropy", ent)}))
-    assert r["verdict"] == "holds by construction"   # issue 32: determined by the initialisation, whichever way
+    assert r["verdict"] == "holds by construction"   # determined by the initialisation, whichever way
 
 
 def test_vision_claims_fine_tuning_paired_with_the_dense_model_and_probes_dropped(tmp_path):

@@ -1,6 +1,6 @@
 """Tests for the cluster-aware upcycling initialiser and expert similarity in the shared core
 (moelab.core.cluster_init, moelab.core.similarity; poster 002 Steps 1-3 and panel 2; notebooks 02 and 03).
-Moved here with the code from the cluster-upcycling tests (now tests/cluster_upcycling/) (issue 21, item 0)."""
+Moved here with the code from the cluster-upcycling tests (now tests/cluster_upcycling/)."""
 import warnings
 
 import pytest

@@ -136,7 +136,7 @@ def test_convert_bad_input():
         ffn_sites(torch.nn.Linear(2, 2))
 
 
-# ------------------------------------------------------------------------- issue 15 item 2: padding and the aux loss
+# ------------------------------------------------------------------------- padding and the aux loss
 def _padded():
     mask = torch.ones_like(IDS)
     mask[0, 5:] = 0                                                         # right padding

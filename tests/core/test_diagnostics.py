@@ -1,4 +1,4 @@
-"""Router gradient from the task loss (issue 15, item 1, second bullet): ``moelab.core.diagnostics`` and the trainers.
+"""Router gradient from the task loss: ``moelab.core.diagnostics`` and the trainers.
 
 ``moelab.train.train`` logs ``router_grad_norm`` (and one column per router) at the first, every ``log_every``-th and
 the last step; the value must equal a naive recomputation (``loss.backward()`` on the task loss alone, read

@@ -127,13 +127,13 @@ def test_dispatch_bad_input():
         StackedExperts(2, 4, 4, act="tanh")
 
 
-# ---------------------------------------------------------------- autocast (the trainer's bf16 on CUDA; issue 33)
+# ---------------------------------------------------------------- autocast (the trainer's bf16 on CUDA)
 # CPU autocast stands in for CUDA's: the same dispatch decisions, bf16 arithmetic on the CPU.
 @pytest.mark.parametrize("impl", ["grouped_mm", "loop", "fused", "auto"])
 @pytest.mark.parametrize("in_dtype", [torch.float32, torch.bfloat16])
 def test_dispatch_under_bf16_autocast_equals_the_bf16_loop(impl, in_dtype):
     """fp32 experts under bf16 autocast run their matmuls in bf16 whatever the input dtype (an autocast FFN hands bf16
-    hidden states to fp32 adapters; before issue 33 that raised "x dtype ... != expert parameter dtype"); outputs equal
+    hidden states to fp32 adapters; an earlier version raised "x dtype ... != expert parameter dtype"); outputs equal
     the loop over bf16 copies of the experts, and the fp32 parameters get fp32 gradients."""
     torch.manual_seed(0)
     T, k, E, d, f = 13, 2, 4, 16, 32

@@ -107,7 +107,7 @@ def test_layer_bad_input():
         MoELayer(8, 12, 4, 2, router="group", num_groups=2)(torch.randn(3, 8))
 
 
-# ------------------------------------------------------------------------- issue 15 item 2: balance the active slots
+# ------------------------------------------------------------------------- balance the active slots
 def _padded_mask():
     mask = torch.ones(2, 5, dtype=torch.long)
     mask[1, 2:] = 0                                                            # padding
@@ -165,7 +165,7 @@ def test_attention_mask_must_match_the_tokens():
         m(x.reshape(10, 8), attention_mask=torch.ones(9))
 
 
-# ------------------------------------------------------------------------- issue 15 item 1: defaults and the ValueError
+# ------------------------------------------------------------------------- defaults and the ValueError
 def test_layer_renormalize_defaults_and_gradient_free_configs():
     assert MoELayer(8, 12, 4, 2).renormalize is True                               # Mixtral for k > 1
     assert MoELayer(8, 12, 4, 1).renormalize is False                              # Switch for top-1

@@ -48,7 +48,7 @@ def test_z_loss_formula_and_bad_input():
     with pytest.raises(ValueError, match="num_experts"):
         load_balancing_loss(z, 5, 1)
     with pytest.raises(ValueError, match="attention_mask has 4 tokens"):
-        load_balancing_loss(z, 3, 1, attention_mask=torch.ones(2, 2))          # z has 5 tokens (issue 15 item 2)
+        load_balancing_loss(z, 3, 1, attention_mask=torch.ones(2, 2))          # z has 5 tokens
 
 
 def test_in_batch_contrastive_equals_a_loop_and_sentence_transformers_mnrl_scores():

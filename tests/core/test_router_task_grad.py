@@ -1,4 +1,4 @@
-"""Issue 15, item 1: every router gets a gradient from the task loss (not only from the balancing loss).
+"""Every router gets a gradient from the task loss (not only from the balancing loss).
 
 A route that keeps one expert and renormalises its weight gives every token weight exactly 1, so d(task loss)/d(router)
 is 0. For each router type and each MoE configuration the notebooks use, the router's gradient from a task loss

@@ -74,7 +74,7 @@ def test_top_p_matches_loop(convention, p):
     w, m = R.top_p_route(z, p, convention=convention)
     probs = torch.softmax(z, -1)
     assert torch.equal(m, _top_p_loop(probs.double(), p, convention))
-    assert torch.allclose(w, probs * m)                                    # raw probabilities by default (issue 15)
+    assert torch.allclose(w, probs * m)                                    # raw probabilities by default
     if convention == "mass":
         assert (probs * m).sum(-1).ge(p - 1e-6).all()
 

@@ -1,4 +1,4 @@
-"""Issue 22 item 3: DOWP bands with equal purification ratios at every patch size (moelab.free_moe.method.band_mask,
+"""DOWP bands with equal purification ratios at every patch size (moelab.free_moe.method.band_mask,
 ``counts="exact"``), the readings ``scope`` (row | matrix) and ``mode`` (remove | keep), and the realised share of
 weights purified (``purified_share``, ``report.share_table``), against naive Python loops. Paper 004 §3.1 Eq. 5."""
 import math
@@ -89,7 +89,7 @@ def test_boundaries_sum_to_rounded_total(n, G):
 @pytest.mark.parametrize("scope", ["row", "matrix"])
 def test_equal_share_at_every_patch_size(scope):
     """The realised share of weights purified is within one patch of the band's width for p = 1, 2, 4, 16, so 16x16
-    and 1x1 purify the same share within one 16x16 patch per matrix; Wanda's per-row floor does not (issue 22)."""
+    and 1x1 purify the same share within one 16x16 patch per matrix; Wanda's per-row floor does not."""
     ranks = {p: _ranks_for(p, scope) for p in fm.method.PATCH_SIZES}
     floor_dev = 0.0
     for band in [fm.method.WANDA_BAND, *fm.method.APPENDIX_BANDS, (0.0, 3.0), (47.5, 52.5)]:

@@ -1,4 +1,4 @@
-"""Claim definitions of notebook 05 (Free-MoE, paper 004) after issue 22 phase B.
+"""Claim definitions of notebook 05 (Free-MoE, paper 004) after phase B.
 
 Checks: the definitions pass ``check_definitions``; each claim's expected sign equals the direction read from the
 paper (typed here by hand from the paper's tables, independently of the engine's derivation); the claims that existed
@@ -171,7 +171,7 @@ def test_keep_claims_read_only_other_domains_and_decide_equivalence(tmp_path):
         w = sub.pivot_table(index=["domain", "id"], columns="method", values="score")
         assert isinstance(ev, Items) and len(ev.a) == 60 and ev.score_range is None
         assert np.isclose(np.mean(ev.a) - np.mean(ev.b), (w.purified - w.BASELINE).mean())
-    # issue 32: a keep check with a tolerance of our choosing is an extension; its reason gives the reading
+    # a keep check with a tolerance of our choosing is an extension; its reason gives the reading
     for cid, reading in (("general", "reproduced"), ("maths", "contradicted"), ("code", "inconclusive")):
         rec = evaluate(_claim(f"dowp_{cid}_experts_keep_other_domains"), T)
         assert rec["verdict"] == "extension" and f"would read {reading}" in rec["reason"], cid

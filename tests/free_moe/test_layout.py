@@ -1,4 +1,4 @@
-"""Issue 22 item 6: ``moelab.free_moe`` is a package in the STYLE.md shape (method / data / scoring / experiment /
+"""``moelab.free_moe`` is a package in the STYLE.md shape (method / data / scoring / experiment /
 report); every public name of the former module still imports from ``moelab.free_moe``, including each ``fm.X`` that
 notebook 05 uses; imports sit at the top of each file; the only log-likelihood scorer is ``moelab.suite.scorer``."""
 import ast

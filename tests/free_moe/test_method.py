@@ -270,7 +270,7 @@ def test_choice_logprobs_shared_prefix_matches_batched(model, tok):
 
 
 def test_band_sweep_passes_the_band_reading(model, tok):
-    """``mode`` / ``counts`` reach the masks the sweep applies (issue 22 item 3: the alternative readings)."""
+    """``mode`` / ``counts`` reach the masks the sweep applies (the alternative readings)."""
     ranks = fm.method.patch_ranks(model, fm.method.collect_input_norms(model, batches(tok)), patch=2, scope="matrix")
     items = [dict(prompt=t[:10], answer=t[10:]) for t in TEXTS[:3]]
     score = lambda m, it: fm.scoring.answer_logprob(m, tok, it, batch_size=4)

@@ -1,5 +1,5 @@
-"""Issue 22 phase B: the pieces notebook 05 added, each against a naive reference on a tiny Llama or a hand-made
-table: accuracy beside the choice-normalised gold probability from one scorer call (``item_metrics``, issue 35),
+"""Phase B: the pieces notebook 05 added, each against a naive reference on a tiny Llama or a hand-made
+table: accuracy beside the choice-normalised gold probability from one scorer call (``item_metrics``),
 each (item, mask) pair scored once across methods (``evaluate_methods``), bands selected on the paper's grid with a
 gate and the test items swept in the same passes but never used for selection (``select_with_gate``,
 ``dowp_select(test_by_sub=)``), the off-domain probe's routing

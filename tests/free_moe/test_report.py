@@ -1,4 +1,4 @@
-"""Issue 22 items 1, 4, 5: notebook 05's honesty tables in moelab.free_moe.report, each against a naive computation on
+"""Notebook 05's honesty tables in moelab.free_moe.report, each against a naive computation on
 a small hand-made table: the paper's test-selected DOWP row (count-weighted Max, reproduced from its own appendix
 tables) beside the reference-selected protocol; which accuracy items flip and what their options look like; accuracy
 and answer likelihood side by side with paired intervals and MDEs, never pooled."""
@@ -86,7 +86,7 @@ def test_table1_selection_matches_naive():
         fm.report.table1_selection(sw, {"general_0": (0, 5)})
 
 
-# ---------------------------------------------------------------- item 4: flips
+# ---------------------------------------------------------------- flips
 ITEMS = [dict(id="d0", task="moelab_bb_date_understanding", label=0,
               choices=[" 05/01/2020", " 05/02/2020", " 06/01/2020", " 05/01/2021", " 12/31/1999"]),
          dict(id="d1", task="moelab_bb_date_understanding", label=2,
@@ -129,7 +129,7 @@ def test_flip_table_and_summary_match_naive():
         fm.report.flip_table([dict(id="x", prompt="p", answer="a")], [0], [1])
 
 
-# ---------------------------------------------------------------- item 1: accuracy beside likelihood
+# ---------------------------------------------------------------- accuracy beside likelihood
 def _scores():
     rng = np.random.default_rng(7)
     rows = []
@@ -159,7 +159,7 @@ def _naive(x, y, target=None, span=None):
 
 
 def test_domain_summary_interval_is_the_claims_engines():
-    """A task where no item flips reads 0 [-w, +w] with the engine's MDE, never a zero-width interval (issue 22)."""
+    """A task where no item flips reads 0 [-w, +w] with the engine's MDE, never a zero-width interval."""
     sc = _scores()
     acc = sc[sc.task.map(fm.report.metric_of_task) == "acc"].copy()
     base = acc[acc.method == "BASELINE"].set_index("id").score

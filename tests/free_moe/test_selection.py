@@ -1,4 +1,4 @@
-"""Issue 35: notebook 05's configuration per profile (frozen, the paper's band grid, >= 40 reference items per
+"""Notebook 05's configuration per profile (frozen, the paper's band grid, >= 40 reference items per
 cluster), clusters that drop to fewer K rather than select on too few items, routing restricted to the request's
 task type, ablations judged against the dense model at their purified share, and the notebook as a method section
 (no def / lambda / cache.memo, short cells and loops)."""

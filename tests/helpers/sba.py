@@ -1,7 +1,7 @@
 """A tiny random BERT SentenceTransformer (all-MiniLM-L6-v2's tokenizer, 4 layers, d=32) for the SBA stand-in tests:
 the same module structure as MiniLM (Transformer -> mean Pooling -> Normalize) at a size that trains in seconds.
 :func:`standin_tokenizer` replaces MiniLM's tokenizer by a tiny one of the same kind (BERT WordPiece, lower-cased) for
-the CUDA tests, which check device behaviour and must run on a GPU machine without the asset cache (issue 33)."""
+the CUDA tests, which check device behaviour and must run on a GPU machine without the asset cache."""
 from __future__ import annotations
 
 import torch

@@ -162,7 +162,7 @@ def test_end_to_end_tiny(method):
 
 
 def test_runs_cached_one_by_one():
-    """Issue 18: full must resume run by run -- each (task, method, seed) is its own cache entry, keyed by the task's
+    """The full profile must resume run by run -- each (task, method, seed) is its own cache entry, keyed by the task's
     data; a second call takes every run from the cache with identical results, equal to the uncached function's."""
     cfg = GlueStandinConfig(steps=2, eval_every=2, batch_size=8, max_length=32)
     store = {}

@@ -1,4 +1,4 @@
-"""Phase B of issue 18 (notebook 04): the learning-rate schedule, the validation split, the seed-level frontier and
+"""Phase B of notebook 04: the learning-rate schedule, the validation split, the seed-level frontier and
 its spread, the pool trace, the reachable pool of the public schedule (against MassPool itself), the JSD table,
 the entity-switch readings and the reference levels -- each against a naive reference."""
 import math

@@ -1,4 +1,4 @@
-"""Issue 20 (01 MoCE rework), items 2-6: a rising validation loss is never "flattened"; the top-1 ablation's router
+"""Notebook 01 (MoCE): a rising validation loss is never "flattened"; the top-1 ablation's router
 learns (softmax over the group's N experts, Eqs. 1-3); "w/o token routing" is the paper's 4x1 rank-64; training and
 scoring share one tokenisation (BOS included) on SmolLM2 and a tiny Gemma-3; the lm-eval request hook and the held-out
 likelihood stay batched with per-row cluster ids and equal the one-request-at-a-time path."""
@@ -75,7 +75,7 @@ ITEMS = [{"instruction": "What is 2 + 3?", "answer": "5", "domain": "maths"},
          {"instruction": "Name a colour.", "answer": "\nblue", "domain": "reasoning"}]
 
 
-# ---------------------------------------------------------------------------------------------------- item 2
+# -------------------------------------------------------------------------- a rising validation loss is never flattened
 def test_rising_validation_loss_is_never_flattened():
     rising = [2.0, 1.8, 1.7, 1.72, 1.75, 1.8, 1.86, 1.9, 1.95, 2.0]
     flat = [2.0, 1.6, 1.45, 1.41, 1.40, 1.40, 1.399, 1.399, 1.398, 1.398]
@@ -111,7 +111,7 @@ class _CharTok:
         return {"input_ids": [2 + (ord(c) % 60) for c in text]}
 
 
-# ---------------------------------------------------------------------------------------------------- item 3
+# ---------------------------------------------------------------- the top-1 router, "w/o token routing", identical runs
 def _router_task_grad(spec, seed=0):
     torch.manual_seed(seed)
     layer = moce.MoCEFFN(torch.nn.Linear(16, 16), 16, spec)
@@ -182,7 +182,7 @@ def test_identical_runs_train_once(tmp_cache):
     assert all(torch.equal(res[0].state[k], res[1].state[k]) for k in res[0].state)
 
 
-# ---------------------------------------------------------------------------------------------------- item 6
+# ------------------------------------------------------------- one tokenisation for training and scoring (BOS included)
 def _scored_requests(monkeypatch, model, tok, pairs):
     seen = []
     real = scorer.loglikelihood_tokens
@@ -237,7 +237,7 @@ def test_real_gemma3_tokenizer_trains_with_bos():
     assert out["input_ids"].tolist() == ctx + ans + [tok.eos_token_id] and ctx[0] == tok.bos_token_id
 
 
-# ---------------------------------------------------------------------------------------------------- item 4
+# ------------------------------------------------------------------------- batched request hook and held-out likelihood
 
 
 def test_batched_request_hook_equals_one_request_at_a_time(smollm2):
@@ -311,7 +311,7 @@ def _standin_requests():
 def test_cuda_batched_hook_and_top1_layer_equal_cpu(tok):
     """The batched request hook and the top-1 layer on CUDA equal the CPU. A tiny byte-level BPE tokenizer (SmolLM2's
     kind; ``tok`` from tests/conftest.py) and literal requests stand in for SmolLM2 and the task data: this checks device
-    behaviour and needs no asset cache (issue 33)."""
+    behaviour and needs no asset cache."""
     cpu = with_random_moce(tiny_llama(len(tok)), moce.variant_spec("moce_top1", 2, 3, rank=4), [2, 3])
     gpu = copy.deepcopy(cpu).cuda()
     reqs = _standin_requests()

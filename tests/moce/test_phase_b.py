@@ -1,4 +1,4 @@
-"""Issue 20 phase B (01 MoCE): early stopping on validation that restores the best checkpoint (against a naive loop
+"""Phase B of notebook 01 (MoCE): early stopping on validation that restores the best checkpoint (against a naive loop
 over the validation curve), rounds that continue one AdamW optimiser, the A/A arm of ``plan_runs``, domain-specialised
 validation, per-model score caching, the seed-means table and the dependence table (against naive references), and
 the A/A / accuracy claims on synthetic tables."""
@@ -307,7 +307,7 @@ def test_a_a_claim_is_a_welch_equivalence_over_seeds(tmp_path):
     b = df[df.variant == "pesc"].groupby("seed").score.mean()
     assert r["ours"] == pytest.approx(a.mean() - b.mean(), rel=1e-5) and r["n_seeds"] == 3
     assert "Welch" in r["method"] and r["mde"] is not None and r["n_items"] == 20
-    assert r["verdict"] == "extension" and "as a test it would read" in r["reason"]   # issue 32: not a paper claim
+    assert r["verdict"] == "extension" and "as a test it would read" in r["reason"]   # not a paper claim
 
 
 def test_a_a_claim_refuses_shared_seeds_and_names_a_missing_arm(tmp_path):
@@ -330,7 +330,7 @@ def test_accuracy_claim_is_not_testable_without_accuracy_rows(tmp_path):
 
 
 def test_group_context_keeps_a_batch_tensor_on_its_device():
-    """Issue 33: the trainer's batch carries ``group_ids`` on the training device (Accelerate moved it to the GPU), and
+    """The trainer's batch carries ``group_ids`` on the training device (Accelerate moved it to the GPU), and
     ``group_context`` must not copy it through numpy ("can't convert cuda:0 device type tensor to numpy"). A tensor on
     the ``meta`` device stands in for the GPU one here: numpy refuses it the same way."""
     model = tiny_llama()
@@ -350,7 +350,7 @@ def test_group_context_keeps_a_batch_tensor_on_its_device():
 
 
 def test_moce_training_step_under_bf16_autocast():
-    """Issue 33: under the trainer's bf16 autocast on CUDA the frozen dense FFN hands bf16 hidden states to the fp32
+    """Under the trainer's bf16 autocast on CUDA the frozen dense FFN hands bf16 hidden states to the fp32
     adapters (this raised "x dtype torch.bfloat16 != expert parameter dtype torch.float32"). CPU autocast stands in for
     CUDA's: the step runs, its loss is the fp32 loss within bf16 rounding, and the adapters get fp32 gradients."""
     model = tiny_llama()

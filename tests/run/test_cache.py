@@ -1,4 +1,4 @@
-"""Cache faults (issue 16, item 6) and artifact keys that cover the code (issue 15, item 4).
+"""Cache faults and artifact keys that cover the code.
 
 Derived assets are faked with small files (no model is dequantised); a read-only cache is simulated by making the
 write calls raise PermissionError (tests run as root, for whom chmod does not stop a write).
@@ -96,7 +96,7 @@ def test_corrupt_derived_model_in_readonly_cache_names_file_and_command(tmp_cach
     monkeypatch.setattr(Path, "unlink", _denied)
     with pytest.raises(cache.CorruptCacheEntry, match=rf"{out}.*model.safetensors: 5 bytes.*MOELAB_CACHE.*make assets") as e:
         assets._dequantise("toy", tmp_path, "toy.gguf", "cd" * 32)
-    assert "rm -rf" not in str(e.value)   # issue 37: a read-only entry cannot be deleted; another cache is the fix
+    assert "rm -rf" not in str(e.value)   # a read-only entry cannot be deleted; another cache is the fix
 
 
 def test_entry_without_record_gets_structural_check_then_record(tmp_cache):
@@ -440,7 +440,7 @@ def test_a_papers_claims_file_makes_no_folder_stale(tmp_path):
                                 "sources": {**real, "lib/moelab/mass/method.py": "0" * 16}}))
     assert cli.sources_current(prov) == (False, ["lib/moelab/mass/method.py"])
 
-# ---- the code identity ignores what cannot change behaviour (architecture v2, item 1)
+# ---- the code identity ignores what cannot change behaviour
 _BASE = '''"""A module."""
 import os
 from math import pi, e  # constants

@@ -1,4 +1,4 @@
-"""The front page stays true (issue 37, item 3): every relative link in README.md, CONTRIBUTING.md and docs/*.md
+"""The front page stays true: every relative link in README.md, CONTRIBUTING.md and docs/*.md
 resolves (file or folder, and the heading an ``#anchor`` names); every ``make X`` in their code is a Makefile target;
 every ``python -m moelab...`` command in their code parses with that entry point's own argument parser (a notebook's
 ``-p`` names must be parameters of the notebooks it selects), and every ``module:function`` launch target imports.
@@ -250,6 +250,14 @@ def test_every_timing_equals_its_provenance():
     committed = {p.parent.resolve() for p in (ROOT / "figures").glob("*/**/provenance.json")
                  if not any(part.startswith(".") for part in p.relative_to(ROOT / "figures").parts)}
     assert seen == committed
+
+
+def test_the_total_says_which_rows_are_not_cold():
+    rows = [{"notebook": "00", "cache": "cold (0 built)"}, {"notebook": "01", "cache": "warm (3 reused, 0 built)"},
+            {"notebook": "02", "cache": "not recorded"}]
+    assert cli.total_caveat(rows[:1]) == ""
+    said = cli.total_caveat(rows)
+    assert "01 ran on a warm artifact cache" in said and "02 did not record its cache use" in said
 
 
 def test_cache_state_labels_warm_runs():

@@ -1,4 +1,4 @@
-"""The GPU check of issue 33: its summary parser (passed / failed / needs assets from JUnit XML), the script itself run
+"""The GPU check: its summary parser (passed / failed / needs assets from JUnit XML), the script itself run
 on a few test files of this CPU machine, its wheel list, and the CUDA benchmark's shape comparison run on the CPU."""
 from __future__ import annotations
 

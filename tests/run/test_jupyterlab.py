@@ -1,15 +1,15 @@
 """The jupytext .py sources open as notebooks in JupyterLab, and opening one does not rewrite it.
 
-Foundation issue, item 5: a real `jupyter lab` serves each notebook source as a notebook, and the lab settings make a
+A real `jupyter lab` serves each notebook source as a notebook, and the lab settings make a
 double-click open .py files with the Jupytext Notebook viewer (jupyter/overrides.json, installed by `make setup`).
 
-Issue 16, item 1: opening a notebook in Lab and letting autosave write it back must leave the file byte-identical,
+Opening a notebook in Lab and letting autosave write it back must leave the file byte-identical,
 whether the server is rooted at the repository (``jupyter lab`` from the root) or at ``notebooks/`` (``make lab``).
 Each server serves a copy of the repository's notebooks and jupytext configuration (so a failing save cannot damage
 the working tree, and no user-level jupytext configuration is read). A save is what Lab does through the contents
 API: PUT the model it was served, after its kernel has set ``kernelspec`` and ``language_info`` in the metadata.
 
-Issue 16, item 4: ``make lab`` starts as root, binds to loopback and prints how to reach it (checked with ``make -n``,
+``make lab`` starts as root, binds to loopback and prints how to reach it (checked with ``make -n``,
 no server left running).
 """
 import difflib
@@ -148,14 +148,14 @@ def _round_trip(server, edit):
 
 @pytest.mark.parametrize("server", ["lab_at_repo", "lab_at_notebooks"])
 def test_saving_an_unchanged_notebook_keeps_the_file(server, request):
-    """Issue 16 item 1: GET as a notebook and PUT the same model back (a save without edits) changes no byte."""
+    """GET as a notebook and PUT the same model back (a save without edits) changes no byte."""
     changed = _round_trip(request.getfixturevalue(server), lambda base, content: content)
     assert not changed, "saving an unchanged notebook rewrote it:\n" + "\n".join(changed.values())
 
 
 @pytest.mark.parametrize("server", ["lab_at_repo", "lab_at_notebooks"])
 def test_lab_autosave_after_kernel_start_keeps_the_file(server, request):
-    """Issue 16 item 1: the metadata Lab writes back once its kernel started (kernelspec from the kernel's spec,
+    """The metadata Lab writes back once its kernel started (kernelspec from the kernel's spec,
     language_info) is what the file already says, so autosave leaves it byte-identical."""
     changed = _round_trip(request.getfixturevalue(server), _as_lab_with_kernel)
     assert not changed, "Lab's autosave would rewrite the header:\n" + "\n".join(changed.values())
@@ -193,7 +193,7 @@ def kernel_language_info():
 
 @pytest.mark.parametrize("server", ["lab_at_repo", "lab_at_notebooks"])
 def test_opening_a_notebook_does_not_modify_it(server, request, kernel_language_info):
-    """Issue 37: a .py notebook was marked unsaved as soon as it opened. Lab sets ``kernelspec`` (from the kernel's
+    """A .py notebook was marked unsaved as soon as it opened. Lab sets ``kernelspec`` (from the kernel's
     spec) and ``language_info`` (from the running kernel) and marks the notebook modified when either differs from
     what it was served (a deep comparison); the served notebook must already hold both (moelab.runner.lab.ContentsManager,
     installed into the venv by `make setup`)."""
@@ -209,7 +209,7 @@ def test_opening_a_notebook_does_not_modify_it(server, request, kernel_language_
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Chromium (apt-get install chromium)")
 def test_opened_in_a_browser_the_notebook_is_not_modified(tmp_path):
-    """Issue 37, in real JupyterLab (headless Chromium, scripts/lab_screenshot.py's helpers): once the notebook is
+    """In real JupyterLab (headless Chromium, scripts/lab_screenshot.py's helpers): once the notebook is
     shown and its kernel is idle, the document is not marked modified."""
     import asyncio
     import secrets
@@ -289,7 +289,7 @@ def _make_lab_commands(uid):
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make not installed")
 def test_make_lab_as_root_loopback_with_token():
-    """Issue 16 item 4: as root `make lab` passes --allow-root (and only then); it binds 127.0.0.1, passes the token
+    """As root `make lab` passes --allow-root (and only then); it binds 127.0.0.1, passes the token
     it prints in a ready URL, serves notebooks/, and unsets the Makefile's MPLBACKEND=Agg (the kernel then picks the
     inline backend, so figures show in Lab)."""
     as_root, as_user = _make_lab_commands(0), _make_lab_commands(1000)
@@ -301,4 +301,4 @@ def test_make_lab_as_root_loopback_with_token():
         assert "--IdentityProvider.token=$token" in cmds and "/lab?token=$token" in cmds, cmds
         assert "--ServerApp.root_dir=notebooks" in cmds, cmds
         assert "env -u MPLBACKEND" in cmds, cmds
-        assert "--ServerApp.contents_manager_class=moelab.runner.lab.ContentsManager" in cmds, cmds   # issue 37
+        assert "--ServerApp.contents_manager_class=moelab.runner.lab.ContentsManager" in cmds, cmds

@@ -87,7 +87,7 @@ def test_no_import_across_papers_or_upwards(path):
 
 
 def test_the_check_can_fail():
-    """The checker flags the imports that issue 21 removed, a shared module importing a paper module, a relative
+    """The checker flags the imports an earlier version had, a shared module importing a paper module, a relative
     import inside a future paper package, and a dynamic import with a literal name; it allows same-paper imports."""
     sba, core = LIB / "sba.py", LIB / "core" / "init.py"
     assert violations(sba, "def f():\n    from moelab.cluster_upcycling import ClusterAwareInit\n")
@@ -214,7 +214,7 @@ def function_local_moelab_imports(source: str, modname: str) -> list[str]:
 
 
 def test_moelab_imports_sit_at_the_top_of_their_module():
-    """STYLE.md: a reader sees a module's dependencies in its first lines (architecture v2, item 2)."""
+    """STYLE.md: a reader sees a module's dependencies in its first lines."""
     bad = [v for p in lib_files() for v in function_local_moelab_imports(p.read_text(), module_name(p))]
     assert not bad, "move these moelab imports to the top of their module:\n" + "\n".join(bad)
 

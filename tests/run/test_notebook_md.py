@@ -1,4 +1,4 @@
-"""Every run writes its executed notebook as Markdown beside its outputs (issue 37, item 2): ``notebook.md`` keeps the
+"""Every run writes its executed notebook as Markdown beside its outputs: ``notebook.md`` keeps the
 narrative, tables, figures (the PNGs ``run.savefig`` wrote, linked from the same folder) and computed sentences, and
 leaves out papermill's noise (the injected-parameters cell, stderr, escape codes, carriage-return redraws, widgets).
 A published run's Markdown is swapped in with its figures; ``make stale`` reports a folder without one."""

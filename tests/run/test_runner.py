@@ -1,4 +1,4 @@
-"""The notebook runner and where outputs go (JupyterLab/runner issue, items 2, 5 and 7).
+"""The notebook runner and where outputs go.
 
 Interactive runs write to a scratch folder; publishing swaps a finished run into ``figures/`` with renames, so a
 failed or killed run (tested with real papermill runs, one of them SIGKILLed mid-cell) never leaves a mixed folder
@@ -189,7 +189,7 @@ def test_verify_catches_a_change_that_flips_a_verdict(runner, tmp_figures, monke
     _write_nb(runner / "nbs", "VARY = True\n" + body)
     assert cli.main(["run", "--profile", "default", "--no-progress", "--force", "--only", "00"]) == 0
     committed = json.loads((tmp_figures / "figures" / NB / "claims.json").read_text())
-    # issue 32: top-p's varying count is true of the rule's definition: 'holds by construction' with its number
+    # top-p's varying count is true of the rule's definition: 'holds by construction' with its number
     assert {c["id"]: c["verdict"] for c in committed["claims"]}["top_p_count_varies"] == "holds by construction"
     verify = ["verify", "--profile", "default", "--no-progress", "--only", "00"]
     assert cli.main(verify) == 0                                   # same code: every claim agrees

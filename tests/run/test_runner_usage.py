@@ -1,4 +1,4 @@
-"""The runner defects a new user hit (issue 37, "Defects a new user hit"), each shown on a tiny notebook run by the
+"""The runner defects a new user hit, each shown on a tiny notebook run by the
 real runner (papermill, a real kernel): the seed and every ``-p`` value are part of what "current" means; an unknown
 ``-p`` name exits 2 naming the notebook's parameters; a skipped run removes a killed run's staging folder; the kernel
 does not warn about TCP; a publishing run from a tree with changed sources warns; ``make verify`` rewrites its report

@@ -1,4 +1,4 @@
-"""`make verify`: a cold rerun compared with the committed claims (shared-code issue, item 4)."""
+"""`make verify`: a cold rerun compared with the committed claims."""
 from moelab.runner import cli
 
 

@@ -13,6 +13,6 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny_standin(tmp_path_factory):
     """The same tiny random BERT with a stand-in WordPiece tokenizer (``helpers.sba.standin_tokenizer``) instead of
-    MiniLM's: the CUDA tests check device behaviour and run without the asset cache (issue 33)."""
+    MiniLM's: the CUDA tests check device behaviour and run without the asset cache."""
     from helpers.sba import standin_tokenizer, tiny_sentence_transformer
     return tiny_sentence_transformer(tmp_path_factory.mktemp("tiny_bert_standin"), tokenizer=standin_tokenizer())

@@ -1,4 +1,4 @@
-"""Claims of notebook 02_sba after issue 19's phase B (moelab.sba.claims): the regime and separation gates in
+"""Claims of notebook 02_sba after phase B (moelab.sba.claims): the regime and separation gates in
 front of the table claims, the geometry claims on the phase-(b) model (by initialisation, by definition, or a level
 over subjects), the paper profile reading the MTEB task a stand-in stands for. Synthetic tables in the notebook's
 layout; the committed (older) folders are covered by tests/claims/test_defs_moce_sba_cluster_upcycling.py."""
@@ -93,7 +93,7 @@ def test_geometry_majorities_by_initialisation_or_a_level_over_subjects(tmp_path
     assert r["ours"] == pytest.approx(0.7)
     r = evaluate(CLAIMS["fig1_norm_concentration"], T)  # 30% at init: not the init's; 40% per subject after
     assert r["kind"] == "absolute" and r["n_items"] == 6 and r["ours"] == pytest.approx(0.4)
-    assert r["verdict"] == "holds by construction"   # issue 32: declared initialisation-determined, either way
+    assert r["verdict"] == "holds by construction"   # declared initialisation-determined, either way
     T = _folder(tmp_path / "b", init=(0.2, 0.3), after=(0.95, 0.95))
     r = evaluate(CLAIMS["fig2_angles_above_40"], T)
     assert r["verdict"] == "holds by construction" and r["ours"] > 0.5 and "whichever way it falls" in r["reason"]

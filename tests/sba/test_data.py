@@ -1,4 +1,4 @@
-"""Paper-profile inputs of notebook 02_sba (issue 19, item 4): ``NLI_PATH`` pointing at an all-nli root finds its
+"""Paper-profile inputs of notebook 02_sba: ``NLI_PATH`` pointing at an all-nli root finds its
 ``triplet/`` split, and every missing input names the notebook parameter to pass (moelab.profiles.paper_input_hint).
 A tiny fake all-nli in the hub's layout: <root>/{pair,pair-class,pair-score,triplet}/{train,dev}-00000-of-00001.parquet."""
 from __future__ import annotations

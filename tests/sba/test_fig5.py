@@ -1,4 +1,4 @@
-"""Tests for the Fig. 1 / Fig. 5 measures under unnormalised routing (moelab.sba.geometry; issue 19 item 2; SBA paper
+"""Tests for the Fig. 1 / Fig. 5 measures under unnormalised routing (moelab.sba.geometry; SBA paper
 §III-A, §IV-B; notebook 02_sba), against naive loops."""
 from __future__ import annotations
 

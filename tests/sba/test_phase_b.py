@@ -1,4 +1,4 @@
-"""Tests for notebook 02's phase-B pieces (issue 19 items 1-3; SBA paper §III, §V-C, §VI-B): benchmark scoring by
+"""Tests for notebook 02's phase-B pieces (SBA paper §III, §V-C, §VI-B): benchmark scoring by
 MTEB's protocol against the suite's scorer and naive loops, the short-pair filter, router movement against a naive
 loop, phases (a)+(b) as one run, the drop ablation at init, the paper profile's measurement of nomic, and the report
 tables (regime check, separation, stage summaries). Models are tiny random BERTs / a tiny random nomic checkpoint."""

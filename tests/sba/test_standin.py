@@ -1,5 +1,5 @@
 """Tests for moelab.sba.standin: all-MiniLM-L6-v2's stand-in upcycled in nomic's layout, init compensation and its
-damage (issue 19, item 1a; SBA paper §V-A; notebook 02_sba). On a tiny random BERT with MiniLM's module structure."""
+damage (SBA paper §V-A; notebook 02_sba). On a tiny random BERT with MiniLM's module structure."""
 from __future__ import annotations
 
 import copy

@@ -1,4 +1,4 @@
-"""Tests for the phase (b) / (c) plumbing of notebook 02_sba (issue 19, items 1b/1c; SBA paper §V-B): the plateau
+"""Tests for the phase (b) / (c) plumbing of notebook 02_sba (SBA paper §V-B): the plateau
 rule against a naive loop, phase (b) stopping by it and returning its checkpoint, phase (c) from one checkpoint per
 aggregation, and the swap-without-fine-tuning arm. On a tiny random BERT in nomic's MoE layout."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Embedding suite (issue 4, item 5): MTEB metric definitions on hand-checked cases, WordNet reader, disjointness."""
+"""Embedding suite: MTEB metric definitions on hand-checked cases, WordNet reader, disjointness."""
 import numpy as np
 import pytest
 

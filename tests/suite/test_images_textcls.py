@@ -1,4 +1,4 @@
-"""Images (issue 4, item 7) and BIG-bench text classification splits (item 6)."""
+"""Images and BIG-bench text classification splits."""
 import base64
 import io
 

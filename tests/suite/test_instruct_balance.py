@@ -1,4 +1,4 @@
-"""Issue 20 item 1: the instruction mix notebook 01 trains on has balanced domains in every profile.
+"""The instruction mix notebook 01 trains on has balanced domains in every profile.
 
 Rule, per profile and for the training and validation splits: every domain (maths, code, reasoning) has at least the
 profile's stated minimum (``MIN_PER_DOMAIN``: smoke 40 / 5, default 250 / 40, full and paper 750 / 90 training /

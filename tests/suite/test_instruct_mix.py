@@ -1,4 +1,4 @@
-"""Instruction mix pieces (issue 4, item 1): templates, dedup, BIG-bench parsing, stdlib code, the smoke mix."""
+"""Instruction mix pieces: templates, dedup, BIG-bench parsing, stdlib code, the smoke mix."""
 import re
 
 import pytest

@@ -1,4 +1,4 @@
-"""LM evaluation (issue 4, item 2): task YAMLs, task data, scorers, and lm-eval's accuracy vs a naive loop."""
+"""LM evaluation: task YAMLs, task data, scorers, and lm-eval's accuracy vs a naive loop."""
 import math
 from pathlib import Path
 

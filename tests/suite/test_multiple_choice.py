@@ -1,4 +1,4 @@
-"""Multiple-choice items without a position shortcut (issue 15, item 3): seeded option shuffle, baselines,
+"""Multiple-choice items without a position shortcut: seeded option shuffle, baselines,
 usability rule."""
 import hashlib
 import json

@@ -1,4 +1,4 @@
-"""Sandbox (issue 4, item 3): hostile programs give bounded, recorded failures; pass@k against combinatorics."""
+"""Sandbox: hostile programs give bounded, recorded failures; pass@k against combinatorics."""
 import itertools
 from math import comb
 

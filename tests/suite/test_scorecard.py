@@ -1,4 +1,4 @@
-"""Scorecard (issue 4, item 4): chance levels, usable rule, committed table."""
+"""Scorecard: chance levels, usable rule, committed table."""
 import pandas as pd
 import pytest
 

@@ -1,6 +1,6 @@
-"""The one log-likelihood scorer (issue 17): equal to lm-eval's HFLM on every project log-likelihood task type, for
+"""The one log-likelihood scorer: equal to lm-eval's HFLM on every project log-likelihood task type, for
 SmolLM2 and a tiny random Gemma-3; MoCE's TopStack through the scorer equals the full model; the thin wrappers in
-free_moe / moce / lmeval equal their pre-issue-17 implementations (naive full-forward loops written here)."""
+free_moe / moce / lmeval equal their earlier implementations (naive full-forward loops written here)."""
 import math
 
 import lm_eval
@@ -183,7 +183,7 @@ def test_top_stack_through_scorer_equals_full_model(family):
     moce.uninstall(model)
 
 
-# ------------------------------------------------------------------ thin wrappers == pre-issue-17 implementations
+# ------------------------------------------------------------------ thin wrappers == their earlier implementations
 def _naive_sum(model, ctx_ids, cont_ids):
     with torch.no_grad():
         lp = F.log_softmax(model(torch.tensor([ctx_ids + cont_ids])).logits[0].float(), -1)
@@ -253,7 +253,7 @@ def test_request_hooks(smollm2):
         lmeval.FastHFLM(pretrained=model, tokenizer=tok, request_hook=3)
 
 
-# ------------------------------------------------------------------ choice-normalised scores (issue 35 item 1)
+# ------------------------------------------------------------------ choice-normalised scores
 def _naive_choice(lls, gold, lengths):
     """Python loop: p(gold) / Σ p(options), plain and per-character; argmax with the first option on ties."""
     def norm(vals):

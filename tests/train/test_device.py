@@ -1,4 +1,4 @@
-"""Inference placement (issue 37): notebook 05's paper profile must use the GPU when there is one and say what it
+"""Inference placement: notebook 05's paper profile must use the GPU when there is one and say what it
 uses. The decisions are checked with the CUDA probes replaced; the move itself on CPU here and on CUDA where present."""
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Progress bars through one helper (issue 16, item 3): ``moelab.progress``, switched by ``MOELAB_PROGRESS``.
+"""Progress bars through one helper: ``moelab.progress``, switched by ``MOELAB_PROGRESS``.
 
 A trainer run with progress enabled writes a tqdm bar with a time estimate (``elapsed<remaining``) to stderr; with
 ``MOELAB_PROGRESS=0`` (what the runner sets for ``--no-progress`` and smoke runs) it writes none."""
@@ -52,7 +52,7 @@ def test_bar_writes_time_left_and_nothing_when_off(monkeypatch, capsys):
 
 
 def test_logged_bars_are_plain_lines(monkeypatch, capsys):
-    """Issue 37: a bar written to a log (the runner's ``log`` mode when its stderr is not a terminal, or ``auto`` in a
+    """A bar written to a log (the runner's ``log`` mode when its stderr is not a terminal, or ``auto`` in a
     script whose stderr is a file) carries no escape codes and no carriage returns, nested bars included."""
     monkeypatch.setenv(progress.ENV, "log")
     for _ in progress.bar(range(3), desc="outer", mininterval=0):

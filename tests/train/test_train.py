@@ -105,7 +105,7 @@ def test_deterministic_and_seed_matters():
 
 
 # The accumulation arithmetic is compared in fp32 on every device: under CUDA's default bf16 autocast two batches of
-# 16 and one of 32 round differently (issue 33: "not close on CUDA"), which says nothing about accumulation.
+# 16 and one of 32 round differently ("not close on CUDA"), which says nothing about accumulation.
 ACCUM_KW = dict(steps=5, max_grad_norm=None, weight_decay=0.0, mixed_precision="no")
 ACCUM_ATOL = 1e-5 if torch.cuda.is_available() else 1e-6   # cuBLAS picks its kernel by batch size (fp32 reordering)
 
@@ -121,7 +121,7 @@ def test_grad_accum_equals_big_batch():
 
 
 def test_grad_accum_comparison_runs_in_fp32_on_a_bf16_gpu():
-    """Issue 33: on a bf16-capable CUDA device the comparison above must not run under bf16 autocast."""
+    """On a bf16-capable CUDA device the comparison above must not run under bf16 autocast."""
     c = cfg(**ACCUM_KW)
     assert resolve_device(c.device, c.mixed_precision, cuda_available=True, bf16_supported=True) == ("cuda", "no")
 
@@ -144,7 +144,7 @@ def test_resolve_device_picks_the_gpu_and_bf16_where_there_is_one():
 
 
 def test_trained_model_computes_outside_the_trainers_autocast(monkeypatch):
-    """Issue 33: on CUDA the trainer runs under bf16 autocast, and Accelerate does it by wrapping the model's forward.
+    """On CUDA the trainer runs under bf16 autocast, and Accelerate does it by wrapping the model's forward.
     The model it returns computes in its own precision again (evaluations after training are fp32, as on the CPU),
     and a second run does not stack a second wrapper. CPU bf16 autocast stands in for CUDA's here."""
     monkeypatch.setattr("moelab.train.resolve_device", lambda *a, **kw: ("cpu", "bf16"))

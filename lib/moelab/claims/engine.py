@@ -717,7 +717,7 @@ def _compute(ev, claim: Claim) -> _Stat:
         if isinstance(ev, NotInProfile):
             why = f"scored by the {ev.profile} profile: {ev.reason}"
         elif isinstance(ev, OutsideRegime):
-            why = f"regime check failed: {ev.check}" + (f"; {ev.reason}" if ev.reason else "")
+            why = f'regime check failed ("{ev.check}")' + (f"; {ev.reason}" if ev.reason else "")
         st = _Stat(None, None, None, None, None, "", ours_is or "value", decided=label, note=why)
         st.scored_in = ev.profile if isinstance(ev, NotInProfile) else None
         return st
@@ -816,7 +816,7 @@ def record(claim: Claim, st: _Stat, verdict: str, reason: str, regime=None, unit
 
 
 def _gate(claim: Claim, st: _Stat, verdict: str, reason: str, reg, reg_missing: str) -> tuple[str, str]:
-    """The issue-32 gates, which never look at the answer: extension, unobtainable / another profile, the regime
+    """The gates which never look at the answer: extension, unobtainable / another profile, the regime
     check, a quantity fixed by the definition or the initialisation; then a zero-width interval is flagged."""
     if claim.extension:
         return "extension", f"not a claim of the paper; as a test it would read {verdict}: {reason}"
@@ -827,7 +827,7 @@ def _gate(claim: Claim, st: _Stat, verdict: str, reason: str, reg, reg_missing: 
         return ("inconclusive" if verdict in DECISIVE + ("underpowered",) else verdict), \
             f"the regime check {reg_missing}; measured: {reason}"
     if not fixed and reg is not None and not reg.passed:
-        return "outside the regime", f"regime check failed: {reg.check}: {reg.value}; measured anyway: {reason}"
+        return "outside the regime", f'regime check failed ("{reg.check}"): {reg.value}; measured anyway: {reason}'
     if fixed and (st.decided is None or st.decided == "holds by construction"):
         if st.decided == "holds by construction":
             return verdict, reason

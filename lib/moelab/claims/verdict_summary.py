@@ -6,6 +6,7 @@ model-benchmark scorecard is a different thing: ``moelab.suite.scorecard``.)"""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from moelab.claims.engine import VERDICTS
@@ -81,7 +82,9 @@ DECISIVE = ("reproduced", "contradicted")
 def short_reason(c: dict, width: int = 90) -> str:
     """The reason in a few words: its first clause, cut at ``width`` characters."""
     r = str(c.get("reason", "")).split("; ")[0]
-    r = r.removeprefix("regime check failed: ")
+    failed = re.match(r'regime check failed \("(.*?)"\)(?:: (.*))?$', r, re.S)   # what failed, else the check
+    if failed:
+        r = failed.group(2) or failed.group(1)
     return r if len(r) <= width else r[: width - 1].rstrip() + "…"
 
 

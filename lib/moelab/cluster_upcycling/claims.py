@@ -1,4 +1,4 @@
-"""Claim definitions for notebook 03_cluster_upcycling: Cluster-Aware Upcycling (Chu et al., poster), issues 14 / 21.
+"""Claim definitions for notebook 03_cluster_upcycling: Cluster-Aware Upcycling (Chu et al., poster).
 
 Every verdict is a pure function of the tables ``notebooks/03_cluster_upcycling.py`` saves (rule in
 ``docs/CLAIMS.md``). The poster's numbers are copied from its zero-shot table (MSCOCO R@1, **ViT-B/16** rows, the

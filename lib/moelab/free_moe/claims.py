@@ -17,7 +17,7 @@ Paper numbers: Table 1, LLaMA-2-7b-chat rows (the model of the paper's ablations
 LLaMA-2-7b-chat). Table 1's MathQA cells are truncated in the extraction: the MathQA BASELINE and DOWP numbers come
 from Table 3 (base 25.33; purifying both sublayers, DOWP's setting, 27.34).
 
-Tables read (saved by ``notebooks/05_free_moe.py`` since issue 22 phase B; a folder saved earlier lacks the
+Tables read (saved by ``notebooks/05_free_moe.py`` since scores carry a metric; a folder saved earlier lacks the
 ``metric`` column and its claims say so): ``table1_main-items`` (model, method, domain, task, id, metric, score),
 ``keep_off-domain-items``, ``router_items``, ``table1_selection``, ``selection_reference-vs-test``,
 ``table2_ratio-items`` ... ``table5_kmeans-items`` (method, task, id, metric, score), ``data_domains``.
@@ -41,7 +41,7 @@ LL_UNIT = "answer log-likelihood per token (nats)"
 BOUNDED = (0.0, 100.0)                  # accuracy and pass@k in points
 MATH_MC, NLL_MATHS, NLL_CODE, HE = "moelab_math_mc", "moelab_nll_maths", "moelab_nll_code", "moelab_humaneval"
 GENERAL = "general"                     # the general domain's multiple-choice tasks (data_domains.csv): MMLU stand-in
-OLD_TABLES = ("saved before issue 22 phase B (no `metric` column: one metric per task): rerun notebook 05")
+OLD_TABLES = ("saved by an older version (no `metric` column: one metric per task): rerun notebook 05")
 # "Keeps general ability": a change of answer likelihood within ±0.05 nats per token, i.e. per-token perplexity within
 # a factor exp(0.05) = 1.05 of the dense model's.
 LL_TOL = 0.05

@@ -1,4 +1,4 @@
-"""Claim definitions for notebook 01_moce: Mixture-of-Clustered-Experts (Eo et al.), claims issue 14 / MoCE issue 20.
+"""Claim definitions for notebook 01_moce: Mixture-of-Clustered-Experts (Eo et al.).
 
 Every verdict is a pure function of the tables ``notebooks/01_moce.py`` saves (rule in ``docs/CLAIMS.md``). The
 paper's numbers are copied beside each claim from its Table 1 (LLaMA2-7B rows), Table 3 (experts per group) and
@@ -34,7 +34,7 @@ from moelab.moce.report import Z80, Z975, concentration, cramers_v, independence
 SCORES = "table1_per-item-scores"
 SCORES_GEMMA = "table1_per-item-scores-gemma3"
 FIG5 = "fig5_cluster-distribution"
-DOMAIN_COUNTS = "appC_domain-cluster-counts"  # saved by notebooks/01_moce.py from this issue on
+DOMAIN_COUNTS = "appC_domain-cluster-counts"  # saved by notebooks/01_moce.py (older folders lack it)
 KSWEEP = "fig4_k-sweep"
 AA_ARM = "pesc_aa"   # PESC trained again on other seeds (notebooks/01_moce.py, cfg "extra": seed_offset)
 # A/A tolerance (bits per byte): the scorecard's paired MDE for SmolLM2's held-out answers at 500 items is
@@ -65,7 +65,7 @@ N_SHUFFLES = 2000  # shuffled-label draws of the independence tests (moelab.moce
 def seed_means(scores: pd.DataFrame, variant: str, metric: str = "bpb", task_prefix: str = "nll_") -> pd.Series:
     """Per-seed mean score of ``variant`` over the items of tasks starting with ``task_prefix`` (index: seed).
 
-    Items are averaged within a seed first: the seed is the unit of replication for a trained model (issue 14, 4)."""
+    Items are averaged within a seed first: the seed is the unit of replication for a trained model."""
     d = scores[(scores["variant"] == variant) & (scores["metric"] == metric)
                & scores["task"].astype(str).str.startswith(task_prefix)]
     return d.groupby("seed")["score"].mean()

@@ -5,7 +5,7 @@ saves every figure with ``run.savefig`` and every result table with ``run.save_t
 ``run.finish()``, which computes the claims from the saved tables with the notebook's claim definitions
 (:data:`CLAIM_DEFS`: ``moelab.<paper>.claims``, ``moelab.claims.primer`` for 00; docs/CLAIMS.md).
 
-Where outputs go (JupyterLab/runner issue, item 2):
+Where outputs go:
 
 - **Scratch** (the default for every interactive run, always for ``smoke``): ``runs/scratch/<profile>/<nb>/``
   (git-ignored; ``MOELAB_SCRATCH`` overrides the root). Running cells in JupyterLab never touches ``figures/``.

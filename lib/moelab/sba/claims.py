@@ -77,7 +77,7 @@ RBAR_TOLERANCE_WHY = ("Fig. 5 shows SBA's ||y||/r̄ 'tightly concentrated around
                       "band Fig. 1's concentration is read with (r1/r2 within ±10%)")
 ANGLE_COL = f"share_angle_above_{REGIME_ANGLE:g}deg"
 assert REGIME_ANGLE_SHARE == MAJORITY and CONCENTRATION_TOL == 0.10
-# runs before issue 19's phase (b): drop-upcycled renormalised stand-in, geometry at init and after fine-tuning
+# runs saved before phase (b) existed: drop-upcycled renormalised stand-in, geometry at init and after fine-tuning
 GEO_INIT, GEO_FT = "fig1-2_geometry-init", "fig1-2_geometry-finetuned"
 INIT_MODEL = "drop / renormalised"
 LINEAR_FT, SBA_FT = "linear (fine-tuned)", "sba (fine-tuned)"
@@ -302,7 +302,7 @@ def table_regime(bench: str):
                 r = m.iloc[0]
                 val.append(f"MiniLM {100 * r['score']:.1f} [{100 * r['ci_low']:.1f}, {100 * r['ci_high']:.1f}] vs "
                            f"baselines' upper bound {100 * r['baseline_ci_high']:.1f}")
-        return Regime(check, "; ".join(val) or "regime tables not saved by this run (runs before issue 19)",
+        return Regime(check, "; ".join(val) or "regime tables not saved by this run (a run saved before phase (b) existed)",
                       bool(val))
     return regime
 
@@ -448,7 +448,7 @@ def fig5_linear_rbar(T):
     if T.has(FIG5) and "reading" in T.csv(FIG5).columns:
         return fig5_reading(T, UNNORM, "linear")
     if not (T.has(REGIME_SUBJECTS) and T.has(DECOMP)):
-        return Insufficient(f"{REGIME_SUBJECTS}.csv / {DECOMP}.csv not saved (runs before issue 19's phase b)")
+        return Insufficient(f"{REGIME_SUBJECTS}.csv / {DECOMP}.csv not saved (a run saved before phase (b) existed)")
     d, g = _pooled_stage(T, DECOMP, STAGE_B), _pooled_stage(T, REGIME_GEO, STAGE_B)
     if d is None or g is None:
         return Insufficient(f"{DECOMP}.csv / {REGIME_GEO}.csv have no '{STAGE_B}' stage")
@@ -467,11 +467,11 @@ def fig5_sba_rbar(T):
     if T.has(FIG5) and "reading" in T.csv(FIG5).columns:
         return fig5_reading(T, UNNORM, "sba")
     if not T.has(REGIME_SUBJECTS):
-        return Insufficient(f"{REGIME_SUBJECTS}.csv not saved (runs before issue 19's phase b)")
+        return Insufficient(f"{REGIME_SUBJECTS}.csv not saved (a run saved before phase (b) existed)")
     return Level(values=_per_subject(T, "ratio_sba_mean"), unit_of_replication="items")
 
 
-# -- the committed tables of runs before issue 19's phase (b)
+# -- the committed tables of runs saved before phase (b) existed
 def _legacy_pooled(T, stem: str) -> pd.DataFrame:
     d = T.csv(stem)
     return d[d["layer"] == "pooled"].set_index("model")
@@ -491,7 +491,7 @@ def legacy_init_geometry(T, column: str, what: str, holds):
                                       "initialisation, not training, sets it; the paper measures trained nomic "
                                       "experts"))
     return Insufficient(f"{what}: {v1:.3f} after fine-tuning vs {v0:.3f} at init; per-subject values on a trained "
-                        "model (phase b of issue 19) are needed to test the trained geometry")
+                        "model (phase b) are needed to test the trained geometry")
 
 
 def legacy_fig5_linear(T):

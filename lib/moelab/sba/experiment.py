@@ -1,4 +1,4 @@
-"""Runs of notebook ``02_sba``: contrastive fine-tuning (SBA paper §V-B, Eq. 12), the three phases of issue 19's
+"""Runs of notebook ``02_sba``: contrastive fine-tuning (SBA paper §V-B, Eq. 12), the three phases of the
 protocol, and the measurements after each run.
 
 - :func:`mnrl_loss`, :func:`finetune_embedder`: MNRL with in-batch negatives through :func:`moelab.train.train`.
@@ -89,7 +89,7 @@ def mnrl_loss(model, batch, scale: float = 20.0, aux_coef: float = 0.01, embed=s
         aux = aux + aux_loss(model)
     ce = in_batch_contrastive(a, torch.cat(cands), scale)  # Eq. 12
     loss = ce + aux_coef * aux.to(ce.device)
-    # task_loss: the MNRL alone, whose router gradient the trainer logs (issue 15, item 1)
+    # task_loss: the MNRL alone, whose router gradient the trainer logs
     return loss, {"mnrl": float(ce.detach()), "aux": float(aux.detach()), "task_loss": ce}
 
 
@@ -159,7 +159,7 @@ def validation_mnrl(model, val_pairs, batch_size: int = 32, val_batches: int = 4
 # phase (b): linear aggregation, length by a validation-loss criterion
 # ----------------------------------------------------------------------------------------------------------------------
 def plateau_reached(val_losses, window: int = 3, min_rel_improvement: float = 0.01) -> tuple[bool, float]:
-    """The stop rule of phase (b) (:data:`PLATEAU_RULE`; issue 19 item 1b): over the validation losses
+    """The stop rule of phase (b) (:data:`PLATEAU_RULE`): over the validation losses
     ``L_0..L_n`` (one per evaluation),
     ``improvement = (min L[:n+1-window] - min L[n+1-window:]) / |min L[:n+1-window]|``;
     stop when it is below ``min_rel_improvement``. Returns ``(stop, improvement)``; ``(False, nan)`` while fewer than
@@ -209,7 +209,7 @@ def train_until_plateau(model, train_pairs, val_pairs, *, max_steps: int, eval_e
                         embed=st_embed, keep: str = "last", device: str = "auto", stop_on_plateau: bool = True,
                         probe=None, val_batch_size: int | None = None, aggregation: str = "linear",
                         moe_lr: float | None = None) -> dict:
-    """Phase (b) of issue 19 (item 1b; notebook 02_sba): train ``model`` (the nomic-layout stand-in) with **linear**
+    """Phase (b) (notebook 02_sba): train ``model`` (the nomic-layout stand-in) with **linear**
     aggregation, MNRL + ``aux_coef`` × balancing loss, AdamW, warm-up then a constant learning rate, evaluating the
     validation MNRL every ``eval_every`` steps and stopping by :func:`plateau_reached` (``window`` evaluations,
     ``min_rel_improvement``), at most ``max_steps`` steps (``stop_on_plateau=False``: exactly ``max_steps``, the rule
@@ -282,7 +282,7 @@ def train_until_plateau(model, train_pairs, val_pairs, *, max_steps: int, eval_e
 def phase_b_run(base, *, calib_texts, heldout_texts, train_pairs, val_pairs, subjects: dict, evaluate=None,
                 base_scores=None, max_tokens: int = 200, seed: int = 0, init: str = "cluster",
                 cluster_kw: dict | None = None, **train_kw) -> dict:
-    """Phases (a) and (b) of issue 19 (items 1a, 1b; notebook 02_sba) as one run.
+    """Phases (a) and (b) (notebook 02_sba) as one run.
 
     (a) :func:`moelab.sba.init_damage`: the nomic-layout MoE of the dense ``base`` (``init``, calibrated on
     ``calib_texts``) with and without kept-mass compensation, against ``base`` on ``heldout_texts`` (and
@@ -328,7 +328,7 @@ def load_checkpoint(template, checkpoint: dict, aggregation: str):
 
 
 def swap_aggregation(template, checkpoint: dict, aggregation: str):
-    """The cheap arm of phase (c) (issue 19 item 1c): the phase-(b) checkpoint with ``aggregation`` swapped in and no
+    """The cheap arm of phase (c): the phase-(b) checkpoint with ``aggregation`` swapped in and no
     fine-tuning (eval mode)."""
     return load_checkpoint(template, checkpoint, aggregation).eval()
 
@@ -337,7 +337,7 @@ def finetune_checkpoint(template, checkpoint: dict, *, aggregation: str, seed: i
                         val_pairs, batch_size: int = 32, lr: float = 2e-5, eval_every: int = 0,
                         warmup_frac: float = 0.1, aux_coef: float = 0.01, val_batches: int = 4, collate=None,
                         embed=st_embed, device: str = "auto"):
-    """Phase (c) of issue 19 (item 1c; SBA paper §V-B; notebook 02_sba): from the phase-(b) ``checkpoint``, fine-tune
+    """Phase (c) (SBA paper §V-B; notebook 02_sba): from the phase-(b) ``checkpoint``, fine-tune
     with ``aggregation`` for a fixed number of ``steps`` and ``seed`` (same data, steps and seeds for every
     aggregation; the paper's schedule: warm-up then linear decay). Returns the TrainResult of
     :func:`finetune_embedder` (``.model`` the fine-tuned copy)."""
@@ -417,7 +417,7 @@ def finetune_and_measure(*, aggregation: str, seed: int, train_pairs, val_pairs,
 
 def drop_ablation_init(*, aggregations, seed: int = 0, drop_ratio: float = 0.5, evaluate=None, subjects=None,
                        max_tokens: int = 200, base=None) -> dict:
-    """The "experts half random" ablation before any training (notebook 02_sba, full profile; issue 19): one
+    """The "experts half random" ablation before any training (notebook 02_sba, full profile): one
     renormalised Drop-Upcycled MiniLM (:func:`moelab.sba.build_moe_minilm`, ``init="drop"``; a copy of ``base``
     instead of MiniLM when given) measured under each of ``aggregations`` (:func:`measure_embedder`). With half of
     every expert re-drawn, the ranking of the aggregations is set here, before fine-tuning. Returns {aggregation:
@@ -495,7 +495,7 @@ _PHASE_C_KEYS = ("steps", "batch_size", "lr", "eval_every", "warmup_frac", "aux_
 
 
 def run_from_config(config: dict) -> dict:
-    """Notebook 02's phases (b) and (c) on the nomic-layout MiniLM stand-in as a script (issue 19, item 1):
+    """Notebook 02's phases (b) and (c) on the nomic-layout MiniLM stand-in as a script:
     ``python -m moelab.launch moelab.sba:run_from_config --config cfg.json``.
 
     Keys: ``phase`` ("b" or "c"), ``out_dir`` (phase b writes ``phase_b.pt`` there, phase c reads it), ``profile``

@@ -19,7 +19,7 @@ Per token and MoE layer, with the two chosen experts in router rank order (``e_1
 
 Specialisation: :func:`routing_jsd` (Jensen-Shannon divergence of expert usage across subjects) and
 :func:`moe_specialisation` (mean pairwise cosine similarity of the experts' weights, :func:`expert_similarity`).
-Router movement between two models of one layout (phase (b) of issue 19): :func:`router_movement`.
+Router movement between two models of one layout (phase (b) of notebook 02_sba): :func:`router_movement`.
 """
 from __future__ import annotations
 
@@ -277,7 +277,7 @@ def routing_jsd(counts: pd.DataFrame) -> pd.DataFrame:
         P = d.pivot_table(index="domain", columns="expert", values="count", aggfunc="sum").fillna(0).to_numpy(float)
         if (P.sum(axis=1) == 0).any():
             raise ValueError(f"layer {layer!r}: a domain routed no tokens")
-        rows.append(dict(layer=layer, jsd_bits=jensen_shannon(P)))  # moelab.stats (issue 18, item 7)
+        rows.append(dict(layer=layer, jsd_bits=jensen_shannon(P)))  # moelab.stats
     df = pd.DataFrame(rows)
     return pd.concat([df, pd.DataFrame([dict(layer="mean", jsd_bits=df.jsd_bits.mean())])], ignore_index=True)
 
@@ -307,7 +307,7 @@ def routed_experts(model, forward_fn, texts) -> list:
 @torch.no_grad()
 def router_movement(model_a, model_b, texts, forward_fn_a=None, forward_fn_b=None) -> pd.DataFrame:
     """How far routing moved from ``model_a`` (e.g. the phase-(b) start) to ``model_b`` (its end), per MoE layer
-    (issue 19 item 1b; notebook 02_sba), on the same real tokens of ``texts``:
+    (phase (b); notebook 02_sba), on the same real tokens of ``texts``:
 
     - ``top1_agreement``: share of tokens whose top-ranked expert is the same in both (1 = unmoved);
     - ``topk_set_agreement``: share whose set of chosen experts is the same;

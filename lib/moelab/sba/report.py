@@ -28,7 +28,7 @@ __all__ = ["scores_long", "training_table", "phase_b_table", "plot_validation", 
            "setup_sentence", "damage_table", "damage_sentence", "screen_table", "token_geometry", "drop_ablation_table",
            "closing_lines"]
 
-# The paper's regime (issue 19): trained experts (phase (b) stopped by its validation rule, not by its step budget)
+# The paper's regime: trained experts (phase (b) stopped by its validation rule, not by its step budget)
 # whose active pairs are mostly more than 40 degrees apart (Fig. 2: "the majority of angular separations exceed 40°").
 REGIME_ANGLE = 40.0
 REGIME_ANGLE_SHARE = 0.5
@@ -192,7 +192,7 @@ def table_one(scores: pd.DataFrame) -> pd.DataFrame:
 # phase (b): the regime reached, the benchmarks' power to separate, the drop ablation
 # ----------------------------------------------------------------------------------------------------------------------
 def regime_check(phase_b: pd.DataFrame, geometry: pd.DataFrame, stage: str = "phase b") -> dict:
-    """Whether phase (b) reached the paper's regime (issue 19 item 1b; notebook 02_sba and its claims): the run was
+    """Whether phase (b) reached the paper's regime (notebook 02_sba and its claims): the run was
     stopped by its validation-plateau rule (``phase_b``: :func:`phase_b_table`, column ``stopped``) and more than
     :data:`REGIME_ANGLE_SHARE` of the active expert pairs of the trained model are more than :data:`REGIME_ANGLE`
     degrees apart (``geometry``: :func:`stage_summaries`, the pooled row of ``stage``).
@@ -230,7 +230,7 @@ def stage_summaries(geos: dict, by=("layer",)) -> pd.DataFrame:
 
 
 def separation_table(scores: pd.DataFrame, model: str, baselines=("bag-of-words (tf-idf)", "random")) -> pd.DataFrame:
-    """Whether each benchmark separates ``model`` from the baselines (issue 19 item 3): ``scores`` is a long table
+    """Whether each benchmark separates ``model`` from the baselines: ``scores`` is a long table
     [encoder, benchmark, metric, score, ci_low, ci_high, ...]; per benchmark and metric, ``above_baselines`` = the
     model's interval lies above every baseline's (its ci_low > the largest baseline ci_high), as
     ``moelab.suite.embed.validate``. Returns ``scores`` with ``baseline_ci_high`` and ``above_baselines``."""
@@ -252,7 +252,7 @@ def scores_wide(scores: pd.DataFrame, by: str = "model") -> pd.DataFrame:
 
 
 def ablation_table(at_init: dict, trained: dict) -> pd.DataFrame:
-    """The drop ablation's init-vs-trained table (issue 19: "experts half random"): one row per aggregation and stage
+    """The drop ablation's init-vs-trained table ("experts half random"): one row per aggregation and stage
     (``at_init``: {aggregation: measure dict} of :func:`moelab.sba.drop_ablation_init`; ``trained``: {(aggregation,
     seed): run dict}) with the benchmark scores (x100), mean expert similarity and the median angle between the
     active pairs."""

@@ -1,5 +1,5 @@
 """The stand-in for nomic-embed-text-v2-moe: all-MiniLM-L6-v2 upcycled into an MoE embedding model (SBA paper §III,
-§V-A; notebook ``02_sba``, issue 19 item 1a).
+§V-A; notebook ``02_sba``, phase (a)).
 
 Two layouts, both with the odd FFNs (layers 1, 3, 5) turned into 8-expert top-2 MoE layers by
 :func:`moelab.core.convert.moeify`:
@@ -101,7 +101,7 @@ def build_nomic_layout_moe(base, init: str = "cluster", calib_texts=None, *, see
                            drop_ratio: float = 0.5, max_calib_tokens: int = 4096, max_seq_length: int = 128,
                            cluster_kw: dict | None = None):
     """A copy of the dense SentenceTransformer ``base`` with its odd FFNs upcycled in nomic's layout (module docstring;
-    SBA paper §V-A; notebook 02_sba, issue 19 item 1a).
+    SBA paper §V-A; notebook 02_sba, phase (a)).
 
     ``init``: "cluster" (default; calibrated on ``calib_texts`` (at most ``max_calib_tokens`` tokens per layer);
     ``cluster_kw`` go to :class:`moelab.core.cluster_init.ClusterAwareInit`, e.g. ``energy``, ``router_scale``),
@@ -132,7 +132,7 @@ def build_nomic_layout_moe(base, init: str = "cluster", calib_texts=None, *, see
 
 def build_nomic_layout_minilm(init: str = "cluster", calib_texts=None, **kw):
     """:func:`build_nomic_layout_moe` on all-MiniLM-L6-v2 (``moelab.assets.load_minilm``): the stand-in of notebook
-    02_sba's phases (a)-(c) (issue 19, item 1)."""
+    02_sba's phases (a)-(c)."""
     return build_nomic_layout_moe(load_minilm(), init=init, calib_texts=calib_texts, **kw)
 
 
@@ -172,7 +172,7 @@ def kept_weight_mass(model, layer, texts, forward_fn=None) -> float:
 
 @torch.no_grad()
 def compensation_factors(model, texts, forward_fn=None, apply: bool = False) -> pd.DataFrame:
-    """Per MoE layer, in order: the mean kept weight mass E[s] and the factor ``c = 1 / E[s]`` (issue 19, item 1a).
+    """Per MoE layer, in order: the mean kept weight mass E[s] and the factor ``c = 1 / E[s]`` (phase (a)).
 
     Layer l is measured with layers < l already rescaled (on a working copy unless ``apply``), so each factor sees the
     inputs the compensated model gives it. Returns [layer, kept_mass_mean, factor]."""
@@ -200,7 +200,7 @@ def _scale_expert_outputs(layer, c: float) -> None:
 
 def compensate_init(model, texts, forward_fn=None) -> pd.DataFrame:
     """Rescale every MoE layer's expert outputs by ``1 / E[Σ kept weights]`` measured on ``texts``, in place (module
-    docstring; issue 19 item 1a). Stores and returns the factors table (:func:`compensation_factors`)."""
+    docstring; phase (a)). Stores and returns the factors table (:func:`compensation_factors`)."""
     tab = compensation_factors(model, texts, forward_fn, apply=True)
     model.init_compensation = tab
     return tab
@@ -235,7 +235,7 @@ def embedding_cosine_to_dense(model, dense, texts, batch_size: int = 64) -> np.n
 
 def init_damage(base, calib_texts, texts, *, compensation_texts=None, evaluate=None, seed: int = 0,
                 init: str = "cluster", build_kw: dict | None = None, base_scores: pd.DataFrame | None = None) -> dict:
-    """What nomic-layout upcycling costs at init, with and without compensation (issue 19, item 1a; notebook 02_sba).
+    """What nomic-layout upcycling costs at init, with and without compensation (phase (a); notebook 02_sba).
 
     Builds the nomic-layout MoE of ``base`` (``init``, calibrated on ``calib_texts``), copies it and compensates the
     copy on ``compensation_texts`` (default ``calib_texts``); on held-out ``texts`` measures the sentence-embedding
