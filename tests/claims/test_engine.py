@@ -15,7 +15,7 @@ from moelab.claims import (ByConstruction, Claim, ClaimEvidenceError, Insufficie
                            NotInProfile, Options, Precomputed, Regime, Seeds, Tables, Trend, Unobtainable,
                            check_definitions, evaluate, scorecard_markdown, validate_record)
 from moelab.claims.__main__ import main as cli
-from moelab.claims.verdict_summary import short_reason
+from moelab.claims.verdict_summary import headlines_markdown, short_reason
 from moelab.claims.verdict_summary import results_markdown, review_markdown
 from moelab.runner.notebook_run import CLAIM_DEFS, REPO_ROOT, claim_defs
 
@@ -449,3 +449,18 @@ def test_short_reason_shows_what_failed_the_regime_check():
     assert short_reason({"reason": 'regime check failed ("best model beats the 4-gram"); stand-in'}) == \
         "best model beats the 4-gram"
     assert short_reason({"reason": "scored by the full profile: not run"}) == "scored by the full profile: not run"
+
+
+def test_headlines_name_the_decisive_verdicts_of_the_largest_profile():
+    def rec(i, verdict, claim="A beats B (paper: better): on task X", ours=1.5, lo=0.5, hi=2.5):
+        return dict(id=i, verdict=verdict, claim=claim, ours=ours, ci_low=lo, ci_high=hi, unit="points")
+
+    files = [("01_x", "default", [rec("a", "contradicted")]),
+             ("01_x", "full", [rec("a", "reproduced"), rec("b", "reproduced"), rec("c", "reproduced"),
+                               rec("d", "extension")]),
+             ("02_y", "default", [rec("a", "outside the regime"), rec("b", "outside the regime"),
+                                  rec("c", "underpowered")])]
+    lines = headlines_markdown(files).splitlines()
+    assert lines[0] == ("- **01_x** (full): reproduced 3: A beats B (paper: better) (+1.5 [0.5, 2.5] points); "
+                        "A beats B (paper: better) (+1.5 [0.5, 2.5] points); and 1 more")
+    assert lines[1] == "- **02_y** (default): no decisive verdict (2 outside the regime, 1 underpowered)"

@@ -159,11 +159,55 @@ def results_markdown(root, prefix: str = "../") -> str:
     return "\n".join(out) + "\n"
 
 
+HEADLINE_PROFILES = ("full", "default")   # the profile a notebook's headline comes from: the largest committed
+
+
+def _claim_words(c: dict, width: int = 70) -> str:
+    """A claim in a few words: its text up to the first colon, cut at ``width`` characters."""
+    t, depth = str(c.get("claim", c.get("id", ""))), 0
+    for i, ch in enumerate(t):   # the first ": " outside parentheses ("... (paper: better)" stays whole)
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and t.startswith(": ", i):
+            t = t[:i]
+            break
+    return t if len(t) <= width else t[: width - 1].rstrip() + "…"
+
+
+def headlines_markdown(files, most: int = 2) -> str:
+    """One line per notebook: the decisive verdicts (reproduced / contradicted) of its largest committed profile
+    (:data:`HEADLINE_PROFILES`), up to ``most`` per label with ours and the 95% interval; a notebook with none says
+    what its claims are instead (the most frequent labels)."""
+    by_nb: dict[str, dict[str, list]] = {}
+    for nb, profile, claims in files:
+        by_nb.setdefault(nb, {})[profile] = claims
+    lines = []
+    for nb in sorted(by_nb):
+        profile = next((p for p in HEADLINE_PROFILES if p in by_nb[nb]), None)
+        if profile is None:
+            continue
+        claims = [c for c in by_nb[nb][profile] if c.get("verdict") in LABELS]
+        parts = []
+        for label in DECISIVE:
+            hits = [c for c in claims if c["verdict"] == label]
+            if hits:
+                shown = "; ".join(f"{_claim_words(c)} ({_s(c.get('ours'))} {ci_cell(c)} {c.get('unit', '')})"
+                                  .replace("  ", " ").replace(" )", ")") for c in hits[:most])
+                more = f"; and {len(hits) - most} more" if len(hits) > most else ""
+                parts.append(f"{label} {len(hits)}: {shown}{more}")
+        if not parts:
+            counts = sorted({v: sum(c["verdict"] == v for c in claims) for v in LABELS}.items(), key=lambda kv: -kv[1])
+            parts.append("no decisive verdict (" + ", ".join(f"{n} {v}" for v, n in counts if n)[:200] + ")")
+        lines.append(f"- **{nb}** ({profile}): " + "; ".join(parts).replace("|", "\\|"))
+    return "\n".join(lines)
+
+
 def scorecard_markdown(root, results_link: str = "docs/RESULTS.md") -> str:
-    """The README block: counts by label per notebook and profile (the paper's claims; extensions apart), pointing
-    to the full per-claim tables in ``results_link``."""
+    """The README block: counts by label per notebook and profile (the paper's claims; extensions apart), the
+    decisive verdicts of each notebook in a line (:func:`headlines_markdown`), pointing to the full per-claim tables
+    in ``results_link``."""
     files = load_claims_files(root)
-    return (counts_markdown(files) + f"\n\nEvery claim, with its numbers, label, reason and source table: "
+    return (counts_markdown(files) + "\n\nDecisive verdicts of each notebook's largest committed profile:\n\n"
+            + headlines_markdown(files) + f"\n\nEvery claim, with its numbers, label, reason and source table: "
             f"[{results_link}]({results_link}); the referee's checklist of every decisive verdict: "
             "[docs/claims-review.md](docs/claims-review.md). `→ full` / `→ default`: the claims that profile scores.")
 
