@@ -173,6 +173,11 @@ def _claim_words(c: dict, width: int = 70) -> str:
     return t if len(t) <= width else t[: width - 1].rstrip() + "…"
 
 
+def _number_words(c: dict) -> str:
+    """Ours, its 95% interval and its unit, leaving out what the record lacks."""
+    return " ".join(x for x in (_s(c.get("ours")), ci_cell(c), c.get("unit", "")) if x)
+
+
 def headlines_markdown(files, most: int = 2) -> str:
     """One line per notebook: the decisive verdicts (reproduced / contradicted) of its largest committed profile
     (:data:`HEADLINE_PROFILES`), up to ``most`` per label with ours and the 95% interval; a notebook with none says
@@ -190,8 +195,7 @@ def headlines_markdown(files, most: int = 2) -> str:
         for label in DECISIVE:
             hits = [c for c in claims if c["verdict"] == label]
             if hits:
-                shown = "; ".join(f"{_claim_words(c)} ({_s(c.get('ours'))} {ci_cell(c)} {c.get('unit', '')})"
-                                  .replace("  ", " ").replace(" )", ")") for c in hits[:most])
+                shown = "; ".join(f"{_claim_words(c)} ({_number_words(c)})" for c in hits[:most])
                 more = f"; and {len(hits) - most} more" if len(hits) > most else ""
                 parts.append(f"{label} {len(hits)}: {shown}{more}")
         if not parts:

@@ -590,7 +590,8 @@ def total_caveat(rows: list[dict]) -> str:
     unknown = [r["notebook"] for r in rows if r["cache"] == "not recorded"]
     out = ""
     if warm:
-        out += f" Of these, {', '.join(warm)} ran on a warm artifact cache, so the total is below a cold `make figures`."
+        out += (f" Of these, {', '.join(warm)} ran on a warm artifact cache, so the total is below a cold "
+                "`make figures`.")
     if unknown:
         out += (f" {', '.join(unknown)} did not record {'its' if len(unknown) == 1 else 'their'} cache use (published "
                 "before provenance did): warm or cold is not known, so the total is not a measured cold time.")

@@ -302,8 +302,8 @@ def table_regime(bench: str):
                 r = m.iloc[0]
                 val.append(f"MiniLM {100 * r['score']:.1f} [{100 * r['ci_low']:.1f}, {100 * r['ci_high']:.1f}] vs "
                            f"baselines' upper bound {100 * r['baseline_ci_high']:.1f}")
-        return Regime(check, "; ".join(val) or "regime tables not saved by this run (a run saved before phase (b) existed)",
-                      bool(val))
+        return Regime(check, "; ".join(val)
+                      or "regime tables not saved by this run (a run saved before phase (b) existed)", bool(val))
     return regime
 
 
