@@ -9,6 +9,8 @@ PY := $(VENV)/bin/python
 NB ?=
 PROFILE ?= default
 P ?=
+# COLD=1: rerun with an empty artifact cache, as a fresh clone would (the recorded wall time is then a cold one)
+COLD ?=
 # P reaches the runner whole through the environment (values may hold spaces and quotes); it splits before each NAME=
 export P
 JOBS ?= 2
@@ -41,7 +43,7 @@ assets-gemma: setup
 	$(PY) -m moelab.assets install --gemma
 
 figures: assets-gemma
-	$(PY) -m moelab.runner run --profile $(PROFILE) $(if $(NB),--only $(NB)) --params "$$P"
+	$(PY) -m moelab.runner run --profile $(PROFILE) $(if $(NB),--only $(NB)) $(if $(COLD),--cold) --params "$$P"
 
 smoke: assets
 	$(PY) -m moelab.runner run --profile smoke --force --no-progress $(if $(NB),--only $(NB))

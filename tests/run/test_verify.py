@@ -1,4 +1,9 @@
-"""`make verify`: a cold rerun compared with the committed claims."""
+"""`make verify`: a cold rerun compared with the committed claims; `run --cold`."""
+import os
+
+import pytest
+
+from moelab import cache
 from moelab.runner import cli
 
 
@@ -41,3 +46,23 @@ def test_wall_time_claims_compare_by_verdict_only():
     assert cli.compare_claims(committed, fresh)[0]["status"] == "ok"
     fresh["claims"][0]["verdict"] = "inconclusive"
     assert cli.compare_claims(committed, fresh)[0]["status"] == "flipped"
+
+
+def test_cold_run_builds_into_an_empty_cache_then_adopts_what_it_built(tmp_path, monkeypatch):
+    real = tmp_path / "real"
+    with cache.atomic_dir(real / "artifacts" / "kind" / "kept") as d:  # an entry the real cache has stays as it is
+        (d / "v.txt").write_text("real")
+    monkeypatch.setenv("MOELAB_CACHE", str(real))
+    with pytest.raises(RuntimeError, match="cell failed"):
+        with cli.cold_run(tmp_path / "cold") as cold:
+            assert os.environ["MOELAB_CACHE"] == str(cold) and not (cold / "artifacts").exists()
+            for name, text in (("new", "built"), ("kept", "cold copy")):
+                with cache.atomic_dir(cold / "artifacts" / "kind" / name) as d:
+                    (d / "v.txt").write_text(text)
+            (cold / "artifacts" / "kind" / "half").mkdir()  # a killed build: no marker, not adopted
+            raise RuntimeError("cell failed")                # entries built before a failure are still adopted
+    assert os.environ["MOELAB_CACHE"] == str(real) and not (tmp_path / "cold").exists()
+    got = real / "artifacts" / "kind"
+    assert (got / "new" / "v.txt").read_text() == "built" and cache.is_complete(got / "new")
+    assert (got / "kept" / "v.txt").read_text() == "real" and not (got / "half").exists()
+    assert cache.adopt_entries(tmp_path / "nothing", got.parent) == 0

@@ -39,7 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-from moelab.cache import cache_root
+from moelab.cache import adopt_entries, cache_root
 from moelab.claims import rebuild as claims_rebuild
 from moelab.claims import scorecard_markdown
 from moelab.claims.verdict_summary import results_markdown
@@ -259,18 +259,21 @@ def cmd_run(a) -> int:
         if publish:   # a killed earlier run's staging folder goes now, whether this one runs or is skipped
             recover_published(folder, a.profile)
         current, _ = run_current(folder / "provenance.json", a.seed, per_nb[src.stem])
-        if current and not a.force:
+        if current and not (a.force or a.cold):
             if publish:   # the claim definitions may have changed since: recompute from the saved tables
                 claims_rebuild(folder, defs=claim_defs)
             print(f"[{i}/{len(nbs)}] {src.stem}: up to date for profile {a.profile} (skip; --force reruns; claims "
                   f"recomputed from the saved tables)", flush=True)
             results.append((src.stem, "skipped", 0.0))
             continue
-        print(f"[{i}/{len(nbs)}] {src.stem}: running profile {a.profile} ...", flush=True)
+        print(f"[{i}/{len(nbs)}] {src.stem}: running profile {a.profile}"
+              + (" cold (empty artifact cache; built entries join the cache afterwards)" if a.cold else "") + " ...",
+              flush=True)
         t0 = time.time()
         try:
-            wall = run_one(src, a.profile, seed=a.seed, progress=not a.no_progress, timeout=a.cell_timeout,
-                           publish=publish, params=per_nb[src.stem])
+            with cold_run(RUNS / "cold" / src.stem) if a.cold else contextlib.nullcontext():
+                wall = run_one(src, a.profile, seed=a.seed, progress=not a.no_progress, timeout=a.cell_timeout,
+                               publish=publish, params=per_nb[src.stem])
             results.append((src.stem, "ok", wall))
             print(f"[{i}/{len(nbs)}] {src.stem}: ok in {wall:.0f} s", flush=True)
         except Exception as e:  # noqa: BLE001 - report every failure, then exit non-zero
@@ -364,6 +367,23 @@ def cold_cache(root: Path, real: Path) -> Path:
         if entry.name != "artifacts" and not entry.name.startswith("."):
             (root / entry.name).symlink_to(entry.resolve(), target_is_directory=entry.is_dir())
     return root
+
+
+@contextlib.contextmanager
+def cold_run(root: Path):
+    """Run the block with an empty artifact cache at ``root`` (:func:`cold_cache`), then copy what it built into the
+    real cache (:func:`moelab.cache.adopt_entries`), also when the block fails, and remove ``root``: a cold run is
+    measured as a fresh clone's would be, and later runs still reuse its work."""
+    real = cache_root()
+    cache = cold_cache(root, real)
+    try:
+        with _env(MOELAB_CACHE=cache):
+            yield cache
+    finally:
+        n = adopt_entries(cache / "artifacts", real / "artifacts")
+        print(f"cold run: {n} cache entr{'y' if n == 1 else 'ies'} built; copied into {real / 'artifacts'}",
+              flush=True)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def compare_claims(committed: dict, fresh: dict) -> list[dict]:
@@ -595,6 +615,8 @@ def total_caveat(rows: list[dict]) -> str:
     if unknown:
         out += (f" {', '.join(unknown)} did not record {'its' if len(unknown) == 1 else 'their'} cache use (published "
                 "before provenance did): warm or cold is not known, so the total is not a measured cold time.")
+    if warm or unknown:
+        out += " `make figures NB=.. COLD=1` republishes a notebook from an empty artifact cache, timing it cold."
     return out
 
 
@@ -623,6 +645,9 @@ def main(argv=None) -> int:
                    help="write outputs to the scratch folder (runs/scratch) instead of publishing into figures/")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--force", action="store_true", help="rerun notebooks whose outputs are current")
+    r.add_argument("--cold", action="store_true",
+                   help="rerun with an empty artifact cache (as on a fresh clone; implies --force), so the recorded "
+                        "wall time is a cold one; what it builds is copied into the cache afterwards")
     r.add_argument("--fail-fast", action="store_true")
     r.add_argument("--no-progress", action="store_true")
     r.add_argument("--cell-timeout", type=int, default=None, help="seconds per cell (default: none)")
