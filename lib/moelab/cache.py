@@ -662,8 +662,11 @@ def _keyed(config: dict, fn: Callable, version=None) -> tuple[dict, dict]:
 # How this process has used the artifact cache: entries reused, entries built, and the seconds spent building the
 # outermost ones (a build that memoises inner steps counts its own time once). A run's provenance records the
 # difference over the run (moelab.runner.notebook_run), so a wall time measured on a warm cache is never read as a cold one.
-USAGE = {"reused": 0, "built": 0, "build_s": 0.0}
+# An entry this process built and then asks for again counts as ``reused_own``, not ``reused``: a cold run that
+# reuses its own work is still cold.
+USAGE = {"reused": 0, "reused_own": 0, "built": 0, "build_s": 0.0}
 _BUILD_DEPTH = [0]
+_BUILT_HERE: set[str] = set()
 
 
 def usage() -> dict:
@@ -679,7 +682,7 @@ def _artifact(kind: str, config: dict, build: Callable[[Path], None], keyed_by: 
     if is_complete(path) and (problems := entry_problems(path)):
         invalidate(path, problems)
     if is_complete(path):
-        USAGE["reused"] += 1
+        USAGE["reused_own" if str(path) in _BUILT_HERE else "reused"] += 1
         return path
     t0 = time.perf_counter()
     _BUILD_DEPTH[0] += 1
@@ -690,6 +693,7 @@ def _artifact(kind: str, config: dict, build: Callable[[Path], None], keyed_by: 
     finally:
         _BUILD_DEPTH[0] -= 1
     USAGE["built"] += 1
+    _BUILT_HERE.add(str(path))
     if _BUILD_DEPTH[0] == 0:
         USAGE["build_s"] = round(USAGE["build_s"] + time.perf_counter() - t0, 1)
     return path

@@ -672,3 +672,17 @@ def test_rekey_keeps_a_config_json_the_builder_wrote(tmp_cache):
     assert json.loads((path / "config.json").read_text()) == model_cfg
     assert cache.entry_problems(path, hashes=True) == []
     assert cache.artifact("toy_model", {"n": 1}, lambda tmp: pytest.fail("rebuilt")) == path
+
+
+def test_reuse_of_an_entry_built_by_this_process_is_not_counted_as_warm(tmp_path, monkeypatch):
+    from moelab import cache
+
+    monkeypatch.setenv("MOELAB_CACHE", str(tmp_path))
+    before = cache.usage()
+    cache.memo("own_step", {"n": 1}, lambda: 1)           # built here
+    cache.memo("own_step", {"n": 1}, lambda: 1)           # asked for again by the same process
+    monkeypatch.setattr(cache, "_BUILT_HERE", set())      # as another process (a later run) would see it
+    cache.memo("own_step", {"n": 1}, lambda: 1)
+    now = cache.usage()
+    assert {k: now[k] - before[k] for k in ("built", "reused_own", "reused")} == {"built": 1, "reused_own": 1,
+                                                                                   "reused": 1}

@@ -168,8 +168,8 @@ def test_run_outputs_index_and_provenance(tmp_figures, monkeypatch):
     assert prov["seed"] == 3 and prov["profile"] == "default" and "torch" in prov["packages"]
     assert prov["hardware"]["cpu_model"]                  # floats of some embedders depend on the CPU model
     assert (prov["commit_at_start"], prov["commit"]) == ("aaa", "bbb")
-    c = prov["artifact_cache"]                            # counted from the run's start: one built, one reused
-    assert (c["built"], c["reused"], c["state"]) == (1, 1, "warm") and c["build_s"] >= 0
+    c = prov["artifact_cache"]     # counted from the run's start: one built, then reused by the run that built it
+    assert (c["built"], c["reused"], c["reused_own"], c["state"]) == (1, 0, 1, "cold") and c["build_s"] >= 0
     with pytest.raises(ValueError, match="slug"):
         run.savefig(fig, "fig2", "Bad Slug")
     with pytest.raises(ValueError, match="Figure"):

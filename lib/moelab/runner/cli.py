@@ -381,8 +381,8 @@ def cold_run(root: Path):
             yield cache
     finally:
         n = adopt_entries(cache / "artifacts", real / "artifacts")
-        print(f"cold run: {n} cache entr{'y' if n == 1 else 'ies'} built; copied into {real / 'artifacts'}",
-              flush=True)
+        print(f"cold run: {n} cache entr{'y' if n == 1 else 'ies'} that the real cache lacked copied into "
+              f"{real / 'artifacts'}", flush=True)
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -356,11 +356,12 @@ class NotebookRun:
                 "params": runner_params(), "artifact_cache": self.artifact_cache(), **self._extra}
 
     def artifact_cache(self) -> dict:
-        """Artifact-cache use since this run started: ``reused`` and ``built`` entries, ``build_s`` seconds building,
-        and ``state`` "cold" (nothing reused) or "warm" (its wall time is a rerun's, not a cold run's)."""
+        """Artifact-cache use since this run started: ``reused`` entries (built before the run), ``reused_own``
+        (built earlier in this run, asked for again), ``built`` entries, ``build_s`` seconds building, and ``state``
+        "cold" (nothing from before the run reused) or "warm" (its wall time is a rerun's, not a cold run's)."""
         now = cache_usage()
-        d = {k: round(now[k] - self._cache_at_start[k], 1) if k == "build_s" else now[k] - self._cache_at_start[k]
-             for k in now}
+        d = {k: round(now[k] - self._cache_at_start.get(k, 0), 1) if k == "build_s"
+             else now[k] - self._cache_at_start.get(k, 0) for k in now}
         return {**d, "state": "warm" if d["reused"] else "cold"}
 
     def note(self, **info):
