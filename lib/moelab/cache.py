@@ -365,27 +365,21 @@ def atomic_dir(path: Path, meta: dict | None = None):
         raise
 
 
-
 def adopt_entries(src: Path, dst: Path) -> int:
     """Copy every complete entry ``<kind>/<key>`` of the artifact folder ``src`` into ``dst`` where ``dst`` has no
     complete entry of that name, and return how many it copied. A cold run (``python -m moelab.runner run --cold``)
-    builds into an empty cache of its own; its entries then serve later warm runs. Each entry lands whole: copied into
-    a temporary sibling, then renamed, as :func:`atomic_dir` does."""
+    builds into an empty cache of its own; its entries then serve later warm runs. Each entry lands whole through
+    :func:`atomic_dir`, with its marker's metadata (creation time, config, code) kept."""
     n = 0
     for entry in sorted(Path(src).glob("*/*")):
         target = Path(dst) / entry.parent.name / entry.name
         if entry.name.startswith(".") or not is_complete(entry) or is_complete(target):
             continue
-        with writing():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = tmp_path(target.parent, target.name)
-            shutil.copytree(entry, tmp, symlinks=True)
-            share_like_umask(tmp)
-            if target.exists():  # an incomplete entry from a crash
-                shutil.rmtree(target)
-            os.replace(tmp, target)
+        with atomic_dir(target, read_marker(entry)) as tmp, writing():
+            shutil.copytree(entry, tmp, symlinks=True, dirs_exist_ok=True, ignore=shutil.ignore_patterns(MARKER))
         n += 1
     return n
+
 
 # ---------------------------------------------------------------- keys that cover the code
 def _excluded(module: str) -> bool:

@@ -360,8 +360,8 @@ class NotebookRun:
         (built earlier in this run, asked for again), ``built`` entries, ``build_s`` seconds building, and ``state``
         "cold" (nothing from before the run reused) or "warm" (its wall time is a rerun's, not a cold run's)."""
         now = cache_usage()
-        d = {k: round(now[k] - self._cache_at_start.get(k, 0), 1) if k == "build_s"
-             else now[k] - self._cache_at_start.get(k, 0) for k in now}
+        d = {k: round(now[k] - self._cache_at_start[k], 1) if k == "build_s" else now[k] - self._cache_at_start[k]
+             for k in now}
         return {**d, "state": "warm" if d["reused"] else "cold"}
 
     def note(self, **info):
