@@ -674,10 +674,7 @@ def test_rekey_keeps_a_config_json_the_builder_wrote(tmp_cache):
     assert cache.artifact("toy_model", {"n": 1}, lambda tmp: pytest.fail("rebuilt")) == path
 
 
-def test_reuse_of_an_entry_built_by_this_process_is_not_counted_as_warm(tmp_path, monkeypatch):
-    from moelab import cache
-
-    monkeypatch.setenv("MOELAB_CACHE", str(tmp_path))
+def test_reuse_of_an_entry_built_by_this_process_is_not_counted_as_warm(tmp_cache, monkeypatch):
     before = cache.usage()
     cache.memo("own_step", {"n": 1}, lambda: 1)           # built here
     cache.memo("own_step", {"n": 1}, lambda: 1)           # asked for again by the same process
