@@ -13,6 +13,7 @@ import importlib.util
 import json
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -227,6 +228,30 @@ def test_timings_page_is_regenerated_from_provenance():
         "docs/timings.md is not what the provenance files give: run python -m moelab.runner timings"
 
 
+def test_readme_timing_table_is_regenerated_from_provenance():
+    """The README's short table (one row per notebook, `default` and `full`) is the generated one, so the time a first
+    `make figures` takes is never typed by hand; and its total is the sum of the `default` rows of docs/timings.md."""
+    readme = (ROOT / "README.md").read_text()
+    assert cli.TIMINGS_BEGIN in readme and cli.TIMINGS_END in readme
+    block = readme.split(cli.TIMINGS_BEGIN)[1].split(cli.TIMINGS_END)[0].strip()
+    assert block == cli.readme_timings_markdown().strip(), \
+        "the README's timing table is not what the provenance files give: run python -m moelab.runner timings"
+    total = sum(r["wall_time_s"] for r in cli.timing_rows() if r["profile"] == "default")
+    assert f"**{cli._human(total)}**" in block
+
+
+def test_readme_timing_block_is_rewritten_between_its_markers(tmp_path, monkeypatch):
+    """write_timings fills the README's timing markers beside the docs folder it writes, and touches nothing else."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text(f"intro\n{cli.TIMINGS_BEGIN}\nold table\n{cli.TIMINGS_END}\nrest\n")
+    monkeypatch.setattr(cli, "timings_markdown", lambda: "# Timings\n")
+    monkeypatch.setattr(cli, "readme_timings_markdown", lambda: "| new | table |")
+    cli.write_timings(tmp_path / "docs" / "timings.md")
+    assert (tmp_path / "README.md").read_text() == \
+        f"intro\n{cli.TIMINGS_BEGIN}\n| new | table |\n{cli.TIMINGS_END}\nrest\n"
+    assert (tmp_path / "docs" / "timings.md").read_text() == "# Timings\n"
+
+
 def test_every_timing_equals_its_provenance():
     """Read back from the page itself: each row's wall time, commit, finish time and threads are its folder's
     ``provenance.json``'s, and every committed provenance file has its row."""
@@ -257,7 +282,7 @@ def test_the_total_says_which_rows_are_not_cold():
             {"notebook": "02", "cache": "not recorded"}]
     assert cli.total_caveat(rows[:1]) == ""
     said = cli.total_caveat(rows)
-    assert "01 ran on a warm artifact cache" in said and "02 did not record its cache use" in said
+    assert "Of these, 01 ran on a warm artifact cache" in said and "02 did not record its cache use" in said
 
 
 def test_cache_state_labels_warm_runs():
@@ -265,3 +290,29 @@ def test_cache_state_labels_warm_runs():
     assert cli.cache_state({"artifact_cache": {"reused": 0, "built": 7, "build_s": 3.0}}) == "cold (7 built)"
     assert cli.cache_state({"artifact_cache": {"reused": 5, "built": 1, "build_s": 3.0}}) == \
         "warm (5 reused, 1 built)"
+
+
+# ---------------------------------------------------------------- the project stands alone
+OUTSIDE = re.compile(r"\.\./" + "shared" + r"\b|\b" + "shared" + r"/(?:notes|papers|STYLE)")
+
+
+def test_no_tracked_file_points_outside_the_repository():
+    """A user's clone has no workspace around it: no tracked file (code, docs, requirements, data notes) may send a
+    reader to the build workspace's shared folder; what the project relies on is copied into docs/."""
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    hits = []
+    for f in files:
+        path = ROOT / f
+        if path.suffix in {".pdf", ".png", ".gz", ".npz", ".pt", ".safetensors", ".ipynb"} or not path.is_file():
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        hits += [f"{f}:{i}" for i, line in enumerate(text.splitlines(), 1) if OUTSIDE.search(line)]
+    assert not hits, f"tracked files point outside the repository (copy what they need into docs/): {hits}"
+
+
+def test_the_outside_pointer_check_can_fail():
+    outside = "see ../" + "shared" + "/notes/offline-assets.md"
+    assert OUTSIDE.search(outside) and not OUTSIDE.search("docs/offline-assets.md")

@@ -342,9 +342,7 @@ def write_readme_results(readme: Path | None = None) -> bool:
     text = readme.read_text()
     if BEGIN not in text or END not in text:
         return False
-    new = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END),
-                 lambda m: f"{BEGIN}\n{results_table()}\n{END}", text, flags=re.S)
-    readme.write_text(new)
+    readme.write_text(_between(text, BEGIN, END, results_table()))
     docs = readme.parent / "docs"
     if docs.is_dir():   # the full per-claim tables beside the README
         (docs / "RESULTS.md").write_text(results_markdown(figures_root()))
@@ -594,23 +592,54 @@ def timings_markdown(root: Path | None = None) -> str:
              "|---|---|---:|---:|---|---|---|---:|---|"]
     for r in rows:
         w = r["wall_time_s"]
-        human = "" if w is None else f"{int(w // 60)} min {int(w % 60):02d} s" if w >= 60 else f"{w:.0f} s"
-        lines.append(f"| [{r['notebook']}](../figures/{r['folder']}/) | {r['profile']} | {w} | {human} | {r['commit']} "
-                     f"| {r['finished']} | {r['machine']} | {r['threads']} | {r['cache']} |")
+        lines.append(f"| [{r['notebook']}](../figures/{r['folder']}/) | {r['profile']} | {w} | {_human(w)} | "
+                     f"{r['commit']} | {r['finished']} | {r['machine']} | {r['threads']} | {r['cache']} |")
     default = [r for r in rows if r["profile"] == "default"]
     total = sum(r["wall_time_s"] or 0 for r in default)
     lines += ["", f"Total of the `default` rows: {total:.0f} s ({total / 60:.1f} min)." + total_caveat(default)]
     return "\n".join(lines) + "\n"
 
 
-def total_caveat(rows: list[dict]) -> str:
+def _human(w: float | None) -> str:
+    """``1093.2`` -> ``18 min 13 s``; ``6.5`` -> ``6 s``; None -> ``""``."""
+    return "" if w is None else f"{int(w // 60)} min {int(w % 60):02d} s" if w >= 60 else f"{w:.0f} s"
+
+
+TIMINGS_BEGIN, TIMINGS_END = "<!-- timings:begin -->", "<!-- timings:end -->"
+
+
+def readme_timings_markdown(root: Path | None = None) -> str:
+    """The README's timing block: one row per notebook with its committed ``default`` and ``full`` wall times and
+    whether each ran cold, and the total of the ``default`` column (what a first ``make figures`` takes), from the
+    same rows as ``docs/timings.md`` (:func:`timing_rows`)."""
+    rows = timing_rows(root)
+    cell = {(r["notebook"], r["profile"]): r for r in rows}
+    names = list(dict.fromkeys(r["notebook"] for r in rows))
+
+    def fmt(r):
+        if r is None:
+            return "—"
+        kind = "cold" if r["cache"].startswith("cold") else "warm" if r["cache"].startswith("warm") else "cache ?"
+        return f"{_human(r['wall_time_s'])}, {kind}, {r['threads']} thread{'s' if r['threads'] != 1 else ''}"
+
+    lines = ["| notebook | `make figures` (`default`) | `PROFILE=full` |", "|---|---:|---:|"]
+    lines += [f"| {n} | {fmt(cell.get((n, 'default')))} | {fmt(cell.get((n, 'full')))} |" for n in names]
+    default = [r for r in rows if r["profile"] == "default"]
+    full = [r for r in rows if r["profile"] == "full"]
+    lines.append(f"| **total** | **{_human(sum(r['wall_time_s'] or 0 for r in default))}** | "
+                 f"{_human(sum(r['wall_time_s'] or 0 for r in full))} |")
+    caveat = total_caveat(default, these="the `default` runs").strip()
+    return "\n".join(lines) + ("\n\n" + caveat if caveat else "")
+
+
+def total_caveat(rows: list[dict], these: str = "these") -> str:
     """What the total of ``rows`` is not: rows that ran on a warm artifact cache make it a lower bound of a cold
     ``make figures``, and rows that did not record their cache use (runs from before provenance did) may be either."""
     warm = [r["notebook"] for r in rows if r["cache"].startswith("warm")]
     unknown = [r["notebook"] for r in rows if r["cache"] == "not recorded"]
     out = ""
     if warm:
-        out += (f" Of these, {', '.join(warm)} ran on a warm artifact cache, so the total is below a cold "
+        out += (f" Of {these}, {', '.join(warm)} ran on a warm artifact cache, so the total is below a cold "
                 "`make figures`.")
     if unknown:
         out += (f" {', '.join(unknown)} did not record {'its' if len(unknown) == 1 else 'their'} cache use (published "
@@ -623,12 +652,27 @@ def total_caveat(rows: list[dict]) -> str:
 def write_timings(doc: Path | None = None) -> Path | None:
     """Regenerate the timing table from the provenance files under ``figures_root()``, into the ``docs/timings.md``
     beside that figures folder (the repository's by default; a run publishing into ``$MOELAB_FIGURES`` elsewhere
-    writes none, as :func:`write_readme_results`). Returns the path written, or None."""
+    writes none, as :func:`write_readme_results`), and the README's short table beside it
+    (:func:`readme_timings_markdown`, between its timing markers). Returns the path written, or None."""
     doc = Path(doc) if doc is not None else figures_root().parent / "docs" / "timings.md"
     if not doc.parent.is_dir():
         return None
     doc.write_text(timings_markdown())
+    readme = doc.parent.parent / "README.md"   # the README beside that docs/ folder carries the short table
+    if doc.parent.name == "docs" and readme.exists():
+        text = readme.read_text()
+        new = _between(text, TIMINGS_BEGIN, TIMINGS_END, readme_timings_markdown())
+        if new != text:
+            readme.write_text(new)
     return doc
+
+
+def _between(text: str, begin: str, end: str, body: str) -> str:
+    """``text`` with what lies between the markers ``begin`` and ``end`` replaced by ``body`` (unchanged without
+    them)."""
+    if begin not in text or end not in text:
+        return text
+    return re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda m: f"{begin}\n{body}\n{end}", text, flags=re.S)
 
 
 def main(argv=None) -> int:
@@ -677,12 +721,14 @@ def main(argv=None) -> int:
     if a.cmd == "timings":
         text = timings_markdown()
         if a.check:
-            ok = TIMINGS_DOC.exists() and TIMINGS_DOC.read_text() == text
-            print("docs/timings.md is current" if ok
-                  else "docs/timings.md differs: run python -m moelab.runner timings")
+            readme = (REPO_ROOT / "README.md").read_text()
+            ok = TIMINGS_DOC.exists() and TIMINGS_DOC.read_text() == text and \
+                _between(readme, TIMINGS_BEGIN, TIMINGS_END, readme_timings_markdown()) == readme
+            print("docs/timings.md and the README's timing table are current" if ok
+                  else "docs/timings.md or the README's timing table differs: run python -m moelab.runner timings")
             return 0 if ok else 1
         write_timings(TIMINGS_DOC)
-        print(f"wrote {TIMINGS_DOC.relative_to(REPO_ROOT)} ({len(timing_rows())} runs)")
+        print(f"wrote {TIMINGS_DOC.relative_to(REPO_ROOT)} and the README's timing table ({len(timing_rows())} runs)")
         return 0
     if a.cmd == "list":
         for p in discover():
