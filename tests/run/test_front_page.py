@@ -299,7 +299,8 @@ OUTSIDE = re.compile(r"\.\./" + "shared" + r"\b|\b" + "shared" + r"/(?:notes|pap
 def test_no_tracked_file_points_outside_the_repository():
     """A user's clone has no workspace around it: no tracked file (code, docs, requirements, data notes) may send a
     reader to the build workspace's shared folder; what the project relies on is copied into docs/."""
-    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    files = [f for f in listed.split("\0") if f]
     hits = []
     for f in files:
         path = ROOT / f

@@ -595,9 +595,14 @@ def timings_markdown(root: Path | None = None) -> str:
         lines.append(f"| [{r['notebook']}](../figures/{r['folder']}/) | {r['profile']} | {w} | {_human(w)} | "
                      f"{r['commit']} | {r['finished']} | {r['machine']} | {r['threads']} | {r['cache']} |")
     default = [r for r in rows if r["profile"] == "default"]
-    total = sum(r["wall_time_s"] or 0 for r in default)
+    total = _total(default)
     lines += ["", f"Total of the `default` rows: {total:.0f} s ({total / 60:.1f} min)." + total_caveat(default)]
     return "\n".join(lines) + "\n"
+
+
+def _total(rows: list[dict]) -> float:
+    """Summed wall time of ``rows`` (a run without one counts 0)."""
+    return sum(r["wall_time_s"] or 0 for r in rows)
 
 
 def _human(w: float | None) -> str:
@@ -616,18 +621,17 @@ def readme_timings_markdown(root: Path | None = None) -> str:
     cell = {(r["notebook"], r["profile"]): r for r in rows}
     names = list(dict.fromkeys(r["notebook"] for r in rows))
 
-    def fmt(r):
+    def fmt(r):   # "cold" / "warm" / "not recorded": cache_state's label without its counts
         if r is None:
             return "—"
-        kind = "cold" if r["cache"].startswith("cold") else "warm" if r["cache"].startswith("warm") else "cache ?"
+        kind = r["cache"].split(" (")[0]
         return f"{_human(r['wall_time_s'])}, {kind}, {r['threads']} thread{'s' if r['threads'] != 1 else ''}"
 
     lines = ["| notebook | `make figures` (`default`) | `PROFILE=full` |", "|---|---:|---:|"]
     lines += [f"| {n} | {fmt(cell.get((n, 'default')))} | {fmt(cell.get((n, 'full')))} |" for n in names]
     default = [r for r in rows if r["profile"] == "default"]
     full = [r for r in rows if r["profile"] == "full"]
-    lines.append(f"| **total** | **{_human(sum(r['wall_time_s'] or 0 for r in default))}** | "
-                 f"{_human(sum(r['wall_time_s'] or 0 for r in full))} |")
+    lines.append(f"| **total** | **{_human(_total(default))}** | {_human(_total(full))} |")
     caveat = total_caveat(default, these="the `default` runs").strip()
     return "\n".join(lines) + ("\n\n" + caveat if caveat else "")
 
