@@ -21,7 +21,7 @@ from pathlib import Path
 from moelab import cache
 
 ENTRY_POINTS = {  # one function per notebook whose closure is among the largest of its notebook
-    "00_moe_primer": "moelab.primer:contrastive_loss_fn",
+    "00_moe_primer": "moelab.primer.method:contrastive_loss_fn",
     "01_moce": "moelab.moce.experiment:train_variant",
     "02_sba": "moelab.sba.experiment:phase_b_run",
     "03_cluster_upcycling": "moelab.cluster_upcycling.experiment:infonce_loss",

@@ -29,7 +29,7 @@
 # outputs (SBA: the linear mix of two directions collapses inwards); (6) the **dispatch kernel** (tokens sorted by
 # expert, one grouped matmul) against a per-token loop.
 #
-# The profiles (printed below from `moelab.primer_config`, so the table is what runs): the reference setting beside
+# The profiles (printed below from `moelab.primer.config`, so the table is what runs): the reference setting beside
 # `smoke`, `default` (this CPU), `full` and `paper`.
 #
 # Readings chosen here: the routers are trained together with the experts (the rest of MiniLM frozen); the balancing
@@ -50,7 +50,8 @@ import torch
 from IPython.display import display
 
 import moelab
-from moelab import core, primer, primer_config
+from moelab import core, primer
+from moelab.primer import config as primer_config
 
 # %%
 T0 = time.time()

@@ -1,4 +1,4 @@
-"""Notebook 00's configuration (moelab.primer_config): one frozen profile per run profile, a clear error for a bad
+"""Notebook 00's configuration (moelab.primer.config): one frozen profile per run profile, a clear error for a bad
 name, the reference setting beside every profile, and the settings the notebook saved before the configuration moved
 out of it (same keys, same values)."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from moelab import primer_config
+from moelab.primer import config as primer_config
 from moelab.profiles import PROFILES
 
 

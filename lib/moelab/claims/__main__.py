@@ -1,8 +1,8 @@
 """``python -m moelab.claims rebuild FOLDER... | --all``, ``check`` and ``review [--write PATH]`` (the referee's
 checklist of every decisive verdict; exit 1 when a decisive record has an empty field).
 
-An entry script, not part of the engine: it takes the notebook -> claim definitions table from the run layer
-(:func:`moelab.runner.notebook_run.claim_defs`), which the engine modules never import."""
+An entry script, not part of the engine: the notebook -> claim definitions table is the claims package's own
+(:func:`moelab.claims.registry.claim_defs`, which imports a definitions module only when it is needed)."""
 from __future__ import annotations
 
 import argparse
@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from moelab.claims.rebuild import CHANGELOG, REPO_ROOT, check, figures_root, output_folders, rebuild
-from moelab.claims.verdict_summary import review_markdown, review_rows
-from moelab.runner.notebook_run import claim_defs
+from moelab.claims.registry import claim_defs
+from moelab.claims.verdict_summary import existing_notes, review_markdown, review_rows
 
 
 def main(argv=None) -> int:
@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.cmd == "review":
         root = a.root or figures_root()
-        text = review_markdown(root)
+        text = review_markdown(root, keep_notes=existing_notes(a.write) if a.write else "")
         print(text, end="")
         if a.write:
             a.write.write_text(text)

@@ -35,10 +35,12 @@ import pandas as pd
 from moelab.stats import (Interval, minimum_detectable_effect, ols_slope_interval, paired_t_interval, t_interval,
                           welch_interval)
 
-ENGINE_VERSION = "moelab.claims v3.0"
-VERDICTS = ("reproduced", "contradicted", "underpowered", "inconclusive", "holds by construction", "unobtainable",
-            "not in this profile", "outside the regime", "extension")
-DECISIVE = ("reproduced", "contradicted")
+ENGINE_VERSION = "moelab.claims v4.0"
+VERDICTS = ("reproduced", "contradicted", "smaller than reported", "underpowered", "inconclusive",
+            "holds by construction", "unobtainable", "not in this profile", "outside the regime", "extension")
+# "smaller than reported": the interval includes 0 but excludes the paper's effect (in the paper's own unit): a
+# decisive statement about magnitude (issue 47, item 5), never for a proxy (decided on sign only).
+DECISIVE = ("reproduced", "contradicted", "smaller than reported")
 DETERMINED_BY = ("definition", "initialisation", "training")
 KINDS = ("comparative", "best", "absolute", "trend", "statistic", "qualitative")
 MIN_SEEDS = 3
@@ -186,10 +188,18 @@ class Precomputed:
 
 @dataclass
 class ByConstruction:
-    """True of the method's definition or of the initialisation alone: never evidence for the paper."""
+    """An identity: true of the method's definition (arithmetic) or, for a claim about training, of a quantity the
+    initialisation fixed and training did not move (the reason gives both numbers). Never evidence for the paper.
+
+    A claim about a fixed *object* (an encoder's clusters, a model at initialisation, a rule applied to a trained
+    router) is not an identity: test it (``Items``, ``Precomputed`` permutation test, ...) and let it decide.
+    ``ours`` is the measured value and ``holds`` whether it satisfies the identity or threshold the reason states:
+    a measured value that breaks it is a failed check, raised at rebuild (:class:`ClaimEvidenceError`), never a
+    label. Give ``holds`` whenever ``ours`` is given."""
     which: str
     reason: str
     ours: float | None = None
+    holds: bool | None = None
 
 
 @dataclass
@@ -283,6 +293,10 @@ class Claim:
     replication: str = ""            # why seeds x items is the right unit (default: from the evidence type)
     proxy_for: str = ""              # proxy=True: the paper metric it stands in for and the evidence it tracks it
     extension: bool = False          # not a claim of the paper (own table, never counted in the paper's totals)
+    paper_quote: str = ""            # the sentence or table cell of the paper the claim tests, copied from it
+                                     # (required for every non-extension claim: check_definitions)
+    circular: str = ""               # non-empty: the regime gate / a setting was chosen to produce this quantity (say
+                                     # how); the row cannot be decisive (inconclusive, "circular: ...")
 
     def __post_init__(self):
         where = f"claim {self.id!r}"
@@ -319,6 +333,8 @@ class Claim:
         if self.proxy and not self.proxy_for.strip():
             raise ValueError(f"{where}: a proxy claim needs proxy_for= (the paper metric it stands in for and the "
                              "evidence that it tracks it)")
+        if not isinstance(self.paper_quote, str) or not isinstance(self.circular, str):
+            raise ValueError(f"{where}: paper_quote and circular must be strings")
         if self.regime is not None and not (callable(self.regime) or isinstance(self.regime, Regime)):
             raise ValueError(f"{where}: regime must be a Regime or a function of the tables returning one")
         self._check_paper_value(where)
@@ -442,6 +458,9 @@ def check_definitions(claims) -> list:
     problems += [f"claim id {k!r} is used {n} times" for k, n in seen.items() if n > 1]
     problems += [f"claim {c.id!r} does not declare determined_by= (definition, initialisation or training)"
                  for c in claims if isinstance(c, Claim) and not c.declared]
+    problems += [f"claim {c.id!r} has no paper_quote= (the sentence or table cell of the paper it tests, copied from "
+                 "the paper); a reading the paper does not state is extension=True"
+                 for c in claims if isinstance(c, Claim) and not c.extension and not c.paper_quote.strip()]
     if problems:
         raise ValueError("claim definitions: " + "; ".join(problems))
     return claims
@@ -482,9 +501,8 @@ class _Stat:
 def _series_pair(a, b, paired: bool, name: str):
     """Per-seed arrays from Series/arrays; [seeds, items] arrays are averaged over items."""
     n_items = None
-    if isinstance(a, pd.Series) and isinstance(b, pd.Series) and paired:
-        common = a.index.intersection(b.index)
-        a, b = a.loc[common], b.loc[common]
+    if paired:
+        a, b = align_by_seed(a, b, name)
     a, b = _values(a, f"{name} a"), _values(b, f"{name} b")
     if a.ndim == 2 and b.ndim == 2:
         n_items = a.shape[1] if a.shape[1] == b.shape[1] else None
@@ -495,6 +513,26 @@ def _series_pair(a, b, paired: bool, name: str):
         raise ValueError(f"{name}: paired=True needs the same seeds in both arms, got {len(a)} and {len(b)} values; "
                          "use paired=False (Welch) for arms trained on different seeds")
     return a, b, n_items
+
+
+def align_by_seed(a, b, name: str = "Seeds"):
+    """Join two arms' per-seed values on their seed index (paired comparisons pair by seed, never by row position).
+
+    Both must be pandas Series indexed by seed (or DataFrames [seed x items]) with the same set of unique seeds; the
+    result is ``(a, b)`` ordered by seed. A bare array is refused: pairing by position pairs the wrong seeds as soon as a
+    table's rows are in another order."""
+    for x, arm in ((a, "a"), (b, "b")):
+        if not isinstance(x, (pd.Series, pd.DataFrame)):
+            raise ValueError(f"{name}: paired=True needs arm {arm} as a pandas Series indexed by seed (e.g. "
+                             "df.groupby('seed').value.mean()), got {type(x).__name__}: a paired comparison joins the "
+                             "arms on the seed, never on row position")
+        if not x.index.is_unique:
+            raise ValueError(f"{name}: arm {arm} has repeated seeds {sorted(set(x.index[x.index.duplicated()]))}")
+    if set(a.index) != set(b.index):
+        raise ValueError(f"{name}: paired arms need the same seeds, got {sorted(a.index)} and {sorted(b.index)}; "
+                         "use paired=False (Welch) for arms trained on different seeds")
+    order = sorted(a.index)
+    return a.loc[order], b.loc[order]
 
 
 def _diff_interval(a, b, paired: bool) -> Interval:
@@ -560,6 +598,12 @@ def _stat_options(ev: Options, claim: Claim) -> _Stat:
         raise ValueError(f"Options needs the claimed best {x!r} and at least one other option, got {list(scores)}")
     if ev.unit_of_replication not in ("seeds", "items"):
         raise ValueError(f"unit_of_replication must be 'seeds' or 'items', got {ev.unit_of_replication!r}")
+    if ev.unit_of_replication == "seeds" and ev.paired:   # pair by seed: every option joined on the seed index
+        keys = list(scores)
+        for k in keys[1:]:
+            scores[keys[0]], scores[k] = align_by_seed(scores[keys[0]], scores[k], f"Options[{k}]")
+        order = list(scores[keys[0]].index)
+        scores = {k: v.loc[order] for k, v in scores.items()}
     arrays = {k: _values(v, f"Options[{k}]") for k, v in scores.items()}
     n_items = ev.n_items
     if ev.unit_of_replication == "seeds" and all(v.ndim == 2 for v in arrays.values()):
@@ -706,6 +750,12 @@ def _compute(ev, claim: Claim) -> _Stat:
             raise ValueError(f"ByConstruction.which must be 'definition' or 'initialisation', got {ev.which!r}")
         if not ev.reason.strip():
             raise ValueError("ByConstruction needs the reason")
+        if ev.ours is not None and ev.holds is None:
+            raise ValueError("ByConstruction with a measured value (ours=) needs holds= (whether the value satisfies "
+                             "the identity or threshold the reason states)")
+        if ev.holds is False:
+            raise ClaimEvidenceError(f"claim {claim.id!r}: failed check: the measured value {ev.ours!r} breaks the "
+                                     f"identity it states ({ev.reason}); a broken identity is a bug, not a label")
         return _Stat(ev.ours, None, None, None, None, f"holds by {ev.which}", ours_is or "value",
                      decided="holds by construction", note=f"true of the {ev.which} alone: {ev.reason}")
     if isinstance(ev, (Unobtainable, NotInProfile, OutsideRegime, Insufficient)):
@@ -751,6 +801,11 @@ def _verdict(claim: Claim, st: _Stat) -> tuple[str, str]:
         side = "the paper's direction" if sign == claim.expected_sign else "the direction opposite to the paper's"
         return ("reproduced" if sign == claim.expected_sign else "contradicted"), f"{ivs} excludes 0 in {side}"
     pe = claim.paper_effect
+    same_frame = claim.paper_higher_is_better == claim.higher_is_better
+    if pe is not None and not claim.proxy and same_frame and not (dlo <= pe <= dhi):
+        # the interval includes 0 and excludes the paper's effect (same metric, same unit): a statement of magnitude
+        return "smaller than reported", (f"{ivs} includes 0 but excludes the paper's effect {_fmt(pe)} "
+                                         f"{claim.paper_unit}")
     if pe is not None and not claim.proxy and st.mde is not None and abs(pe) < st.mde:
         return "underpowered", (f"{ivs} includes 0; the paper's effect {abs(pe):.3g} {claim.paper_unit} is below our "
                                 f"MDE {st.mde:.3g}")
@@ -801,7 +856,7 @@ def record(claim: Claim, st: _Stat, verdict: str, reason: str, regime=None, unit
     replication = f"{n}: {why}" if n and why else why
     proxy_for = claim.proxy_for if claim.proxy else f"none: ours is the paper's metric ({claim.paper_metric})"
     return {
-        "id": claim.id, "claim": claim.claim, "paper_ref": claim.paper_ref,
+        "id": claim.id, "claim": claim.claim, "paper_ref": claim.paper_ref, "paper_quote": claim.paper_quote,
         "metric": claim.metric, "unit": claim.unit, "higher_is_better": bool(claim.higher_is_better),
         "paper_metric": claim.paper_metric, "paper_unit": claim.paper_unit, "proxy": bool(claim.proxy),
         "paper_value": pv, "paper_effect": _r(claim.paper_effect), "expected_sign": claim.expected_sign,
@@ -816,23 +871,23 @@ def record(claim: Claim, st: _Stat, verdict: str, reason: str, regime=None, unit
 
 
 def _gate(claim: Claim, st: _Stat, verdict: str, reason: str, reg, reg_missing: str) -> tuple[str, str]:
-    """The gates which never look at the answer: extension, unobtainable / another profile, the regime
-    check, a quantity fixed by the definition or the initialisation; then a zero-width interval is flagged."""
+    """The gates which never look at the answer: extension, unobtainable / another profile, the regime check, a
+    circular row; then a zero-width interval is flagged. A quantity fixed by the definition or the initialisation is
+    no longer a gate (issue 47): a fixed object is tested like any other; only ``ByConstruction`` evidence (an
+    identity, checked) gives ``holds by construction``."""
     if claim.extension:
         return "extension", f"not a claim of the paper; as a test it would read {verdict}: {reason}"
-    if verdict in ("unobtainable", "not in this profile", "outside the regime") or st.decided == "inconclusive":
+    if verdict in ("unobtainable", "not in this profile", "outside the regime", "holds by construction") \
+            or st.decided == "inconclusive":
         return verdict, reason   # undecided for a reason of its own (missing table, proxy guard, few seeds)
-    fixed = claim.determined_by in ("definition", "initialisation")
-    if not fixed and reg_missing:
+    if reg_missing:
         return ("inconclusive" if verdict in DECISIVE + ("underpowered",) else verdict), \
             f"the regime check {reg_missing}; measured: {reason}"
-    if not fixed and reg is not None and not reg.passed:
+    if reg is not None and not reg.passed:
         return "outside the regime", f'regime check failed ("{reg.check}"): {reg.value}; measured anyway: {reason}'
-    if fixed and (st.decided is None or st.decided == "holds by construction"):
-        if st.decided == "holds by construction":
-            return verdict, reason
-        return "holds by construction", (f"true of the {claim.determined_by} alone, whichever way it falls "
-                                         f"(determined_by={claim.determined_by}); measured: {reason}")
+    if claim.circular and verdict in DECISIVE + ("underpowered",):
+        return "inconclusive", (f"circular: {claim.circular}; the quantity was chosen to come out this way, so it "
+                                f"cannot decide; as a test it would read {verdict}: {reason}")
     if verdict in DECISIVE and st.ci is not None and st.ci[0] == st.ci[1]:
         reason += (f"; degenerate interval [{_fmt(st.ci[0])}, {_fmt(st.ci[1])}] (zero width: every resample "
                    f"identical); the test that decided: {st.method}")

@@ -17,7 +17,7 @@ _OPT_INT = (int, type(None))
 
 # field -> accepted types
 FIELDS: dict[str, tuple] = {
-    "id": (str,), "claim": (str,), "paper_ref": (str,),
+    "id": (str,), "claim": (str,), "paper_ref": (str,), "paper_quote": (str,),
     "metric": (str,), "unit": (str,), "higher_is_better": (bool,),
     "paper_metric": (str,), "paper_unit": (str,), "proxy": (bool,),
     "paper_value": (dict, int, float, type(None)), "paper_effect": _OPT_NUM, "expected_sign": _OPT_INT,
@@ -82,9 +82,9 @@ def validate_record(rec: Any) -> dict:
         raise ValueError(f"{who}: determined_by must be one of {DETERMINED_BY}, got {rec['determined_by']!r}")
     if rec["regime"] is not None and set(rec["regime"]) != {"check", "value", "passed"}:
         raise ValueError(f"{who}: regime must have exactly check, value, passed; got {sorted(rec['regime'])}")
+    if rec["verdict"] != "extension" and not rec["paper_quote"].strip():
+        raise ValueError(f"{who}: a paper claim needs paper_quote (the sentence or table cell it tests)")
     if rec["verdict"] in DECIDED:
-        if rec["determined_by"] != "training":
-            raise ValueError(f"{who}: a quantity determined by the {rec['determined_by']} cannot be decisive")
         if rec["regime"] is not None and not rec["regime"]["passed"]:
             raise ValueError(f"{who}: decisive verdict with a failed regime check")
     if rec["verdict"] == "not in this profile" and not rec["scored_in"]:
@@ -103,7 +103,10 @@ def check_checklist(rec: dict) -> dict:
     """A decisive record must carry the referee's checklist (determined_by, regime, replication, proxy_for);
     an empty field raises ``ValueError`` (called by ``rebuild`` and ``check`` on every record of a notebook)."""
     if rec["verdict"] in DECIDED:
-        empty = [k for k in CHECKLIST if not rec[k] or (k == "regime" and not str(rec[k]["check"]).strip())]
+        # a trained stand-in needs its regime check; a fixed object (determined_by definition/initialisation: an
+        # encoder's clusters, a model at initialisation) may have none
+        need = CHECKLIST if rec["determined_by"] == "training" else tuple(k for k in CHECKLIST if k != "regime")
+        empty = [k for k in need if not rec[k] or (k == "regime" and not str(rec[k]["check"]).strip())]
         if empty:
             raise ValueError(f"claim record {rec['id']!r}: decisive verdict {rec['verdict']!r} with empty checklist "
                              f"field(s) {empty} (give the claim determined_by=, regime=, proxy_for=)")

@@ -3,7 +3,7 @@
 A notebook's derived-settings cell does ``run = moelab.start_run("04_mass", profile=PROFILE, seed=SEED)`` and then
 saves every figure with ``run.savefig`` and every result table with ``run.save_table``; its conclusion cell calls
 ``run.finish()``, which computes the claims from the saved tables with the notebook's claim definitions
-(:data:`CLAIM_DEFS`: ``moelab.<paper>.claims``, ``moelab.claims.primer`` for 00; docs/CLAIMS.md).
+(:data:`moelab.claims.registry.CLAIM_DEFS`: ``moelab.<paper>.claims``, ``moelab.primer.claims`` for 00; docs/CLAIMS.md).
 
 Where outputs go:
 
@@ -22,7 +22,6 @@ Where outputs go:
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import platform
@@ -258,22 +257,9 @@ def is_verdict_code(rel: str) -> bool:
     return rel.startswith(VERDICT_CODE) or bool(PAPER_CLAIMS_RE.match(rel))
 
 
-# Which module holds each notebook's claim definitions (its ``CLAIMS`` list). The table lives here, in the run layer
-# on top of the paper packages: the claims engine (moelab.claims) sits below them and is handed the definitions.
-# A module is imported only when its notebook's claims are computed (never by a paper package's ``__init__``).
-CLAIM_DEFS = {"00_moe_primer": "moelab.claims.primer", "01_moce": "moelab.moce.claims", "02_sba": "moelab.sba.claims",
-              "03_cluster_upcycling": "moelab.cluster_upcycling.claims", "04_mass": "moelab.mass.claims",
-              "05_free_moe": "moelab.free_moe.claims"}
-
-
-def claim_defs(notebook: str):
-    """The module that defines notebook ``notebook``'s ``CLAIMS`` (the ``defs`` resolver for :mod:`moelab.claims`)."""
-    name = CLAIM_DEFS.get(notebook)
-    if name is None:
-        raise ValueError(f"no claim definitions for notebook {notebook!r}: add it to moelab.runner.notebook_run.CLAIM_DEFS with the "
-                         f"module that defines its CLAIMS list (lib/moelab/<paper>/claims.py; see docs/CLAIMS.md); "
-                         f"known: {sorted(CLAIM_DEFS)}")
-    return importlib.import_module(name)
+# The notebook -> claim definitions table lives in the claims package (moelab.claims.registry), which imports a
+# definitions module only when its notebook's claims are computed; re-exported here for the runner.
+from moelab.claims.registry import CLAIM_DEFS, claim_defs  # noqa: E402
 
 
 def source_hashes(notebook: str) -> dict:
