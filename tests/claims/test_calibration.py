@@ -30,13 +30,24 @@ SEED_SD, ITEM_SD = 0.5, 1.0
 BAND = (0.025, 0.065)
 
 
+
+def by_seed(*arms):
+    """Each arm as a pandas object indexed by seed 0..n-1 (paired evidence joins arms on the seed)."""
+    out = []
+    for x in arms:
+        x = np.asarray(x, dtype=float)
+        idx = pd.RangeIndex(len(x), name="seed")
+        out.append(pd.Series(x, index=idx) if x.ndim == 1 else pd.DataFrame(x, index=idx))
+    return out
+
 class _T:
     profile, notebook, provenance = "default", "98_demo", {}
 
 
 def claim(ev, **kw):
     base = dict(id="a_vs_b", claim="A beats B", paper_ref="Table 1", metric="score", unit="points",
-                paper_value={"A": 50.0, "B": 49.0}, compare=("A", "B"), evidence=lambda T: ev)
+                paper_value={"A": 50.0, "B": 49.0}, compare=("A", "B"), evidence=lambda T: ev,
+                paper_quote="Table 1: A 50.0, B 49.0")
     if kw.get("proxy"):
         base["proxy_for"] = "the paper's accuracy (calibration stand-in)"
     base.update(kw)
@@ -64,7 +75,7 @@ def test_seeds_path_is_calibrated_welch_and_paired():
     welch = decided_rate([Seeds(m[0], m[1], paired=False, n_items=N_ITEMS) for m in means])
     assert BAND[0] <= welch <= BAND[1], welch
     xp = null_scores(np.random.default_rng([14, 3]), shared_seed_sd=SEED_SD)
-    paired = decided_rate([Seeds(m[0], m[1], paired=True, n_items=N_ITEMS) for m in xp.mean(-1)])
+    paired = decided_rate([Seeds(*by_seed(m[0], m[1]), paired=True, n_items=N_ITEMS) for m in xp.mean(-1)])
     assert BAND[0] <= paired <= BAND[1], paired
     # the same null data scored the old way (items of one seed as replicates) decides far too often: the band fails
     naive = decided_rate([Items(s[0, 0], s[1, 0]) for s in x])
@@ -91,7 +102,7 @@ def test_equivalence_path_is_calibrated_at_the_tolerance_edge():
     tol = 0.5
     x = null_scores(rng, shared_seed_sd=SEED_SD).mean(-1)          # [sim, arm, seed]
     x[:, 0] += tol
-    rate = decided_rate([Seeds(m[0], m[1], paired=True, n_items=N_ITEMS) for m in x],
+    rate = decided_rate([Seeds(*by_seed(m[0], m[1]), paired=True, n_items=N_ITEMS) for m in x],
                         paper_value={"A": 50.0, "B": 50.0}, tolerance=tol, tolerance_why="calibration")
     assert BAND[0] <= rate <= BAND[1], rate
 
@@ -175,12 +186,13 @@ def test_defect_level_reported_as_effect():
     """01 printed the bpb of the 'moce' run (-1.111) as the effect of three ablations: ``ours`` of a comparative
     claim is always a - b, of a best claim x - best other option, and the schema rejects anything else."""
     a, b = np.array([1.11, 1.12, 1.10]), np.array([1.15, 1.16, 1.13])
-    r = evaluate(claim(Seeds(a, b, paired=True), higher_is_better=False, unit="bpb", paper_unit="points",
+    r = evaluate(claim(Seeds(*by_seed(a, b), paired=True), higher_is_better=False, unit="bpb", paper_unit="points",
                        proxy=True, paper_higher_is_better=True), _T())
     assert r["ours"] == pytest.approx(a.mean() - b.mean(), rel=1e-5) and r["ours_is"] == "difference A - B"
     opts = {"moce": a, "pesc": b, "dense": b + 0.1}
     best = Claim(id="moce_best", claim="MoCE is best", paper_ref="Table 4", metric="bpb", unit="bpb",
-                 higher_is_better=False, best="moce", evidence=lambda T: Options(opts))
+                 higher_is_better=False, best="moce", paper_quote="Table 4",
+                 evidence=lambda T: Options(dict(zip(opts, by_seed(*opts.values())))))
     r = evaluate(best, _T())
     assert r["ours"] == pytest.approx(a.mean() - b.mean(), rel=1e-5) and r["ours"] != pytest.approx(a.mean())
     assert r["verdict"] == "reproduced" and r["expected_sign"] == -1
@@ -198,9 +210,9 @@ def test_defect_units_mixed():
     with pytest.raises(ValueError, match="mixes units"):
         evaluate(opts, _T())
     with pytest.raises(ValueError, match="mixes units"):
-        evaluate(claim(Seeds(acc, acc / 100, paired=True, units=("points", "fraction"))), _T())
+        evaluate(claim(Seeds(*by_seed(acc, acc / 100), paired=True, units=("points", "fraction"))), _T())
     with pytest.raises(ValueError, match="differs from the claim's unit"):
-        evaluate(claim(Seeds(acc, acc, paired=True, units=("fraction", "fraction"))), _T())
+        evaluate(claim(Seeds(*by_seed(acc, acc), paired=True, units=("fraction", "fraction"))), _T())
     with pytest.raises(ValueError, match="differs from the paper's"):
         claim(None, unit="fraction", paper_unit="points")
 
@@ -211,7 +223,7 @@ def test_defect_direction_from_paper_numbers():
     sts = dict(id="sba_unit_vs_linear_sts", claim="unit-output SBA vs linear on STS", paper_ref="Table II, STS",
                metric="STS Spearman", unit="points (x100)", compare=("sba_unit", "linear"),
                paper_value={"sba_unit": 68.35, "linear": 71.18})
-    ours_better = Seeds(np.array([72.0, 72.4, 71.9]), np.array([70.0, 70.3, 69.8]), paired=True)
+    ours_better = Seeds(*by_seed([72.0, 72.4, 71.9], [70.0, 70.3, 69.8]), paired=True)
     c = Claim(**sts, evidence=lambda T: ours_better)
     assert c.expected_sign == -1 and c.paper_effect == pytest.approx(-2.83)
     assert evaluate(c, _T())["verdict"] == "contradicted"      # was "reproduced" under "X beats linear"
@@ -240,11 +252,12 @@ def test_defect_a_and_b_beat_c_are_two_claims():
     pv = {"top2": 23.55, "soft": 22.93, "top1": 22.33}
     runs = {"top2": top2, "soft": soft, "top1": top1}
     verdicts = [evaluate(claim(None, id=f"{x}_vs_top1", paper_value=pv, compare=(x, "top1"),
-                               evidence=lambda T, x=x: Seeds(runs[x], top1, paired=True)), _T())["verdict"]
+                               evidence=lambda T, x=x: Seeds(*by_seed(runs[x], top1), paired=True)), _T())["verdict"]
                 for x in ("top2", "soft")]
     assert verdicts == ["reproduced", "reproduced"]
     best = Claim(id="top2_best", claim="top-2 is best", paper_ref="Table 4", metric="score", unit="points",
-                 paper_value=pv, best="top2", evidence=lambda T: Options(runs))
+                 paper_value=pv, best="top2", paper_quote="Table 4",
+                 evidence=lambda T: Options(dict(zip(runs, by_seed(*runs.values())))))
     r = evaluate(best, _T())
     assert r["verdict"] != "reproduced" and "our best: soft (not top2)" in r["reason"]
 
@@ -254,7 +267,7 @@ def test_defect_noise_scored_as_evidence():
     rng = np.random.default_rng(0)
     # two seeds per arm, items that differ hugely: still no verdict (seed variance unknown)
     a, b = rng.normal(1, .1, (2, 200)), rng.normal(0, .1, (2, 200))
-    r = evaluate(claim(Seeds(a, b, paired=True)), _T())
+    r = evaluate(claim(Seeds(*by_seed(a, b), paired=True)), _T())
     assert r["verdict"] == "inconclusive" and FEW_SEEDS in r["reason"] and r["ci_low"] is None
     assert r["n_seeds"] == 2 and r["n_items"] == 200
     with pytest.raises(ValueError, match="use Seeds"):
@@ -270,7 +283,7 @@ def test_defect_by_construction_never_reproduced():
     """03 compactness 'after training' equals its init value; 02 Fig. 5 holds with renormalised weights."""
     for which in ("definition", "initialisation"):
         r = evaluate(claim(ByConstruction(which, "the router is the k-means partition the metric groups by",
-                                          ours=5.0)), _T())
+                                          ours=5.0, holds=True)), _T())
         assert r["verdict"] == "holds by construction" and which in r["reason"] and r["ci_low"] is None
     with pytest.raises(ValueError, match="'definition' or 'initialisation'"):
         evaluate(claim(ByConstruction("training", "x")), _T())

@@ -17,11 +17,22 @@ from moelab.claims import (ByConstruction, Claim, ClaimEvidenceError, Insufficie
 from moelab.claims.__main__ import main as cli
 from moelab.claims.verdict_summary import headlines_markdown, short_reason
 from moelab.claims.verdict_summary import results_markdown, review_markdown
-from moelab.runner.notebook_run import CLAIM_DEFS, REPO_ROOT, claim_defs
+from moelab.claims.registry import CLAIM_DEFS, claim_defs
+from moelab.runner.notebook_run import REPO_ROOT
 
 rb = importlib.import_module("moelab.claims.rebuild")   # the module (moelab.claims.rebuild is also the function)
 RNG = np.random.default_rng(0)
 
+
+
+def by_seed(*arms):
+    """Each arm as a pandas object indexed by seed 0..n-1 (paired evidence joins arms on the seed)."""
+    out = []
+    for x in arms:
+        x = np.asarray(x, dtype=float)
+        idx = pd.RangeIndex(len(x), name="seed")
+        out.append(pd.Series(x, index=idx) if x.ndim == 1 else pd.DataFrame(x, index=idx))
+    return out
 
 class _T:
     """A stand-in for Tables when the evidence needs none."""
@@ -34,7 +45,8 @@ OK_REGIME = Regime("none: a unit test", "n/a", True)
 def comp(ev, paper_value=None, **kw):
     base = dict(id="a_vs_b", claim="A beats B", paper_ref="Table 1, column X", metric="accuracy", unit="points",
                 paper_value={"A": 50.0, "B": 48.0} if paper_value is None else paper_value, compare=("A", "B"),
-                evidence=lambda T: ev, determined_by="training", regime=OK_REGIME)
+                evidence=lambda T: ev, determined_by="training", regime=OK_REGIME,
+                paper_quote="Table 1, column X: A 50.0, B 48.0")
     if kw.get("proxy"):
         base["proxy_for"] = "the paper's accuracy (test stand-in)"
     base.update(kw)
@@ -112,6 +124,9 @@ def test_definition_errors_raise_at_definition():
     with pytest.raises(ValueError, match="not a Claim"):
         check_definitions([comp(ev), {"id": "x"}])
     assert len(check_definitions([comp(ev), comp(ev, id="other")])) == 2
+    with pytest.raises(ValueError, match="no paper_quote"):   # a paper claim quotes the paper
+        check_definitions([comp(ev, paper_quote="")])
+    assert check_definitions([comp(ev, paper_quote="", extension=True)])   # an extension needs none
 
 
 def test_expected_sign_is_derived_and_flipped():
@@ -135,23 +150,23 @@ def test_expected_sign_is_derived_and_flipped():
 # ---------------------------------------------------------------- evidence and the verdict rule
 def test_seeds_paired_matches_naive_t_and_verdicts():
     a, b = np.array([51.0, 52.5, 50.2, 51.8]), np.array([48.1, 49.0, 48.4, 49.9])
-    r = evaluate(comp(Seeds(a, b, paired=True, n_items=100)), _T())
+    r = evaluate(comp(Seeds(*by_seed(a, b), paired=True, n_items=100)), _T())
     d = a - b
     h = sps.t.ppf(0.975, 3) * d.std(ddof=1) / 2
     assert r["ours"] == pytest.approx(d.mean(), rel=1e-5) and r["ci_low"] == pytest.approx(d.mean() - h, rel=1e-5)
     assert r["mde"] == pytest.approx((sps.t.ppf(.975, 3) + sps.t.ppf(.8, 3)) * d.std(ddof=1) / 2, rel=1e-5)
     assert r["verdict"] == "reproduced" and (r["n_seeds"], r["n_items"]) == (4, 100)
-    assert evaluate(comp(Seeds(b, a, paired=True)), _T())["verdict"] == "contradicted"
+    assert evaluate(comp(Seeds(*by_seed(b, a), paired=True)), _T())["verdict"] == "contradicted"
     # [seeds, items] arrays are averaged within each seed; Series are aligned on their seed index
-    r2 = evaluate(comp(Seeds(np.repeat(a[:, None], 5, 1), np.repeat(b[:, None], 5, 1), paired=True)), _T())
+    r2 = evaluate(comp(Seeds(*by_seed(np.repeat(a[:, None], 5, 1), np.repeat(b[:, None], 5, 1)), paired=True)), _T())
     assert r2["ours"] == r["ours"] and r2["n_items"] == 5
     sa, sb = pd.Series(a, index=[0, 1, 2, 3]), pd.Series(b[::-1], index=[3, 2, 1, 0])
     assert evaluate(comp(Seeds(sa, sb, paired=True)), _T())["ours"] == r["ours"]
     w = evaluate(comp(Seeds(a, b[:3], paired=False)), _T())
     ref = sps.ttest_ind(a, b[:3], equal_var=False).confidence_interval(0.95)
     assert w["ci_low"] == pytest.approx(ref.low, rel=1e-5) and "Welch" in w["method"]
-    with pytest.raises(ValueError, match="paired=True needs the same seeds"):
-        evaluate(comp(Seeds(a, b[:3], paired=True)), _T())
+    with pytest.raises(ValueError, match="paired arms need the same seeds"):
+        evaluate(comp(Seeds(*by_seed(a, b[:3]), paired=True)), _T())
 
 
 def test_items_matches_naive_paired_t_and_pseudo_pairs():
@@ -173,9 +188,13 @@ def test_underpowered_inconclusive_and_proxy():
     b = np.array([49.0, 46.0, 52.0])   # huge seed spread: interval includes 0, MDE >> the paper's 2 points
     r = evaluate(comp(Seeds(a, b, paired=False)), _T())
     assert r["verdict"] == "underpowered" and r["mde"] > 2
-    # the paper's effect above our MDE -> inconclusive
+    # the paper's effect above our MDE and outside our interval (which includes 0) -> smaller than reported
     r = evaluate(comp(Seeds(a, b, paired=False), paper_value={"A": 80.0, "B": 40.0}), _T())
-    assert r["verdict"] == "inconclusive" and r["mde"] < 40
+    assert r["verdict"] == "smaller than reported" and r["mde"] < 40 and r["ci_high"] < 40 < 80
+    assert "excludes the paper's effect +40" in r["reason"]
+    # the paper's effect above our MDE but inside our interval -> inconclusive
+    r = evaluate(comp(Seeds(a + 5.0, b, paired=False), paper_value={"A": 50.0, "B": 40.0}), _T())
+    assert r["verdict"] == "inconclusive" and r["ci_low"] < 0 < r["mde"] < 10 < r["ci_high"]
     # proxy metric: decided on sign only, never 'underpowered'
     p = comp(Seeds(a, b, paired=False), unit="bpb", paper_unit="points", proxy=True, paper_higher_is_better=True)
     r = evaluate(p, _T())
@@ -184,7 +203,7 @@ def test_underpowered_inconclusive_and_proxy():
 
 def test_equivalence_verdicts():
     def eq(vals):
-        return comp(Seeds(vals + 1.0, np.ones(len(vals)), paired=True), paper_value={"A": 85.64, "B": 85.66},
+        return comp(Seeds(*by_seed(vals + 1.0, np.ones(len(vals))), paired=True), paper_value={"A": 85.64, "B": 85.66},
                     tolerance=0.5, tolerance_why="test")
     assert evaluate(eq(np.array([0.01, -0.02, 0.0, 0.02])), _T())["verdict"] == "reproduced"
     assert evaluate(eq(np.array([2.01, 1.98, 2.0, 2.02])), _T())["verdict"] == "contradicted"
@@ -197,7 +216,8 @@ def test_options_gap_to_best_other_and_winner():
 
     def k4_best(scores):
         return Claim(id="k4_best", claim="k=4 is best", paper_ref="Fig. 4", metric="acc", unit="points",
-                     paper_value={"k4": 36.8, "k2": 35.9, "k7": 35.5}, best="k4", evidence=lambda T: Options(scores))
+                     paper_value={"k4": 36.8, "k2": 35.9, "k7": 35.5}, best="k4", evidence=lambda T: Options(dict(zip(scores, by_seed(*scores.values())))),
+                     paper_quote="Fig. 4: k=4 36.8")
     r = evaluate(k4_best(sc), _T())
     assert r["ours"] == pytest.approx(0.5) and r["kind"] == "best" and r["ours_is"].startswith("difference k4 - k2")
     assert r["verdict"] == "reproduced" and r["paper_effect"] == pytest.approx(0.9)
@@ -238,7 +258,7 @@ def test_level_trend_precomputed_and_fixed_verdicts():
 
 # ---------------------------------------------------------------- schema
 def _good_record():
-    return evaluate(comp(Seeds([51.0, 52.0, 50.0], [48.0, 49.0, 48.5], paired=True)), _T())
+    return evaluate(comp(Seeds(*by_seed([51.0, 52.0, 50.0], [48.0, 49.0, 48.5]), paired=True)), _T())
 
 
 def test_validate_record_rejects_missing_and_ill_typed():
@@ -283,7 +303,7 @@ def demo(tmp_path, monkeypatch):
     mod.CLAIMS = [comp(None, evidence=runs, legacy="A beats B (old text)"),
                   comp(None, id="missing", evidence=lambda T: Seeds(T.csv("table9_absent").x, [], paired=False)),
                   comp(None, id="by_def", determined_by="initialisation",
-                       evidence=lambda T: ByConstruction("initialisation", "equal at init", 0.0))]
+                       evidence=lambda T: ByConstruction("initialisation", "equal at init", 0.0, holds=True))]
     monkeypatch.setitem(sys.modules, mod.__name__, mod)
     monkeypatch.setitem(CLAIM_DEFS, "98_demo", mod.__name__)
     monkeypatch.setenv("MOELAB_FIGURES", str(root))
@@ -366,8 +386,9 @@ def test_scorecard_markdown(demo):
     root, folder, mod = demo
     rb.rebuild(folder, defs=claim_defs, changelog=None)
     md = scorecard_markdown(root)
-    assert "| notebook | profile | reproduced | contradicted | underpowered | inconclusive |" in md
-    assert "| 98_demo | default | 1 | 0 | 0 | 1 | 1 | 0 | 0 | 0 | 3 | 0 |" in md and "docs/RESULTS.md" in md
+    assert ("| notebook | profile | reproduced | contradicted | smaller than reported | underpowered | inconclusive |"
+            in md)
+    assert "| 98_demo | default | 1 | 0 | 0 | 0 | 1 | 1 | 0 | 0 | 0 | 3 | 0 |" in md and "docs/RESULTS.md" in md
     full = results_markdown(root)
     assert "| paper (value, unit) | ours (difference, unit) | 95% CI | MDE | seeds x items | label |" in full
     row = next(line for line in full.splitlines() if "A beats B" in line)
@@ -391,9 +412,10 @@ def test_labels_gates_and_checklist(demo):
     recs = {r["id"]: r for r in rb.rebuild(folder, defs=claim_defs, changelog=None)}
     v = {k: r["verdict"] for k, r in recs.items()}
     assert v == {"elsewhere": "not in this profile", "weights": "unobtainable", "gated": "outside the regime",
-                 "init_set": "holds by construction", "ext": "extension", "decided": "reproduced"}
+                 "init_set": "reproduced", "ext": "extension", "decided": "reproduced"}
     assert recs["elsewhere"]["scored_in"] == "full" and "2.24 vs 2.22" in recs["gated"]["reason"]
-    assert "whichever way it falls" in recs["init_set"]["reason"]
+    # a quantity set at initialisation is a fixed object: tested like any other (issue 47), never labelled
+    assert recs["init_set"]["determined_by"] == "initialisation" and recs["init_set"]["ci_low"] is not None
     d = recs["decided"]
     assert d["determined_by"] == "training" and d["regime"] == {"check": "none: a unit test", "value": "n/a",
                                                                 "passed": True}

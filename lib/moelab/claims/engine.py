@@ -524,7 +524,7 @@ def align_by_seed(a, b, name: str = "Seeds"):
     for x, arm in ((a, "a"), (b, "b")):
         if not isinstance(x, (pd.Series, pd.DataFrame)):
             raise ValueError(f"{name}: paired=True needs arm {arm} as a pandas Series indexed by seed (e.g. "
-                             "df.groupby('seed').value.mean()), got {type(x).__name__}: a paired comparison joins the "
+                             f"df.groupby('seed').value.mean()), got {type(x).__name__}: a paired comparison joins the "
                              "arms on the seed, never on row position")
         if not x.index.is_unique:
             raise ValueError(f"{name}: arm {arm} has repeated seeds {sorted(set(x.index[x.index.duplicated()]))}")
