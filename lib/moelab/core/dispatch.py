@@ -99,7 +99,7 @@ def expert_order(indices: torch.Tensor, num_experts: int) -> ExpertOrder:
 
     The group ends are the cumulative per-expert counts, ``offs[e] = sum_{e' <= e} count(e')``, read off the sorted
     expert ids by ``searchsorted`` (the first row with id > e) rather than as ``cumsum(bincount)``: torch's CUDA
-    ``bincount`` copies the ids' min and max to the host to size its output. Same values (tests/core/test_dispatch.py).
+    ``bincount`` copies the ids' min and max to the host to size its output. Same values (tests/core/test_dispatch_offsets.py).
     """
     T, k = indices.shape
     S, E, dev = T * k, num_experts, indices.device
