@@ -19,6 +19,8 @@ and outputs checked against it and against moelab's per-expert loop before timin
 width top_k*d_ff over the same tokens). Interleaved shuffled repeats; writes
 benchmarks/results/moe_layer_cuda_<card>.json (the card's name in the file name and in ``meta``).
 ``--shapes "d,f,E,k,T;..."`` runs that comparison on other shapes (and on the CPU, in fp32, with --device cpu).
+``--profile --device cuda`` (issue 50; also run by scripts/gpu_check.sh): torch.profiler tables of moelab's layer and
+transformers' block on the Mixtral-like shape, with the host syncs per call (see :func:`profile_shape`).
 """
 from __future__ import annotations
 
@@ -336,6 +338,51 @@ def profile_layer(args):
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
 
 
+def profile_shape(shape, device: str, dtype: torch.dtype, steps: int = 3, seed: int = 0) -> str:
+    """Where one forward+backward's time goes (issue 50: profile on the GPU before changing anything): torch.profiler
+    over ``steps`` calls each of moelab's layer (impl "auto": the offsets path on CUDA) and of transformers' grouped_mm
+    block (same weights), after 3 warm-ups; per candidate the host syncs per call (``cudaStreamSynchronize``,
+    ``cudaDeviceSynchronize``, blocking ``cudaMemcpy``; 0 is the aim) and the top ops by self device time (self CPU
+    time on the CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+    d, f, E, k, T = shape
+    torch.manual_seed(seed)
+    layer = MoELayer(d, f, E, k, act="swiglu", renormalize=True)
+    with torch.no_grad():
+        layer.router.weight.normal_(0, 1.0 / d ** 0.5)
+    blk = mixtral_block(layer)
+    blk.experts.config._experts_implementation = "grouped_mm"
+    layer, blk = (m.to(device=device, dtype=dtype) for m in (layer, blk))
+    x = torch.randn(1, T, d, generator=torch.Generator().manual_seed(seed + 1)).to(device, dtype)
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed + 2)).to(device, dtype)
+    cuda = device == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sort = "self_device_time_total" if cuda else "self_cpu_time_total"
+    sync_ops = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy")
+    out = [f"# profile {'x'.join(map(str, shape))} (d, d_ff, E, k, T), {str(dtype).replace('torch.', '')}, {device}, "
+           f"{steps} calls of forward+backward each"]
+    for name, mod in (("moelab_auto", layer), ("transformers_grouped_mm", blk)):
+        def call():
+            mod(x.detach().requires_grad_(True)).backward(g)
+            mod.zero_grad(set_to_none=True)
+        for _ in range(3):
+            call()
+        if cuda:
+            torch.cuda.synchronize()
+        with profile(activities=acts) as prof:
+            for _ in range(steps):
+                call()
+            if cuda:
+                torch.cuda.synchronize()
+        ev = prof.key_averages()
+        counts = {e.key: e.count for e in ev if e.key in sync_ops}
+        if cuda and counts.get("cudaDeviceSynchronize"):
+            counts["cudaDeviceSynchronize"] -= 1                              # the profile's own, after the loop
+        syncs_txt = ", ".join(f"{k2} {v / steps:g}" for k2, v in sorted(counts.items()) if v) or "none"
+        out.append(f"\n## {name}: host syncs per call: {syncs_txt}\n" + ev.table(sort_by=sort, row_limit=20))
+    return "\n".join(out)
+
+
 CAPTURE_MODES = {
     "none": dict(),                                                    # baseline: same forward, no capture
     "keep_all_fp32": dict(keep_outputs=True),
@@ -437,7 +484,9 @@ def main():
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=str(HERE / "results" / "moe_layer.json"))
-    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="torch.profiler tables instead of timings (with --device cuda or --shapes: moelab vs "
+                         "transformers on the Mixtral-like shape or the given shapes, host syncs counted)")
     ap.add_argument("--capture-memory", action="store_true", help="measure capture_moe peak memory instead")
     ap.add_argument("--capture-tokens", type=int, default=100_000)
     ap.add_argument("--capture-child", default=None, help=argparse.SUPPRESS)
@@ -447,6 +496,14 @@ def main():
     ap.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="shape comparison dtype (cuda: bf16, cpu: fp32)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.profile and (args.device == "cuda" or args.shapes):
+        if args.device == "cuda" and not torch.cuda.is_available():
+            ap.error("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+        shapes = parse_shapes(args.shapes) if args.shapes else {"mixtral_like": CUDA_SHAPES["mixtral_like"]}
+        dtype = DTYPES[args.dtype or ("bf16" if args.device == "cuda" else "fp32")]
+        for shape, _ in shapes.values():
+            print(profile_shape(shape, args.device, dtype), flush=True)
+        return
     if args.device == "cuda" or args.shapes:
         if args.device == "cuda" and not torch.cuda.is_available():
             ap.error("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")

@@ -6,11 +6,13 @@
 #
 # On a machine with torch (a CUDA build) and transformers it installs the wheels in DIR (--no-deps, no index) and the
 # repository (pip install --no-deps -e .), runs the whole pytest suite with CUDA visible, then the `cuda`-marked tests
-# alone, then the GPU benchmark (benchmarks/bench_moe_layer.py --device cuda), and prints one summary: passed / failed /
+# alone, then the GPU benchmark (benchmarks/bench_moe_layer.py --device cuda, interleaved repeats) and its profile
+# (--profile --device cuda: top ops and host syncs per call, issue 50), and prints one summary: passed / failed /
 # needs assets (tests that failed or skipped for want of the asset cache) / skipped. Without a CUDA device it says so,
 # runs the tests all the same (the `cuda`-marked ones are skipped) and leaves out the benchmark.
-# Files: OUT (default runs/gpu_check/): suite.xml, cuda.xml, device.json, *.log, summary.txt, summary.json and a copy
-# of the benchmark JSON (written to benchmarks/results/moe_layer_cuda_<card>.json). Exit status 1 when a test failed.
+# Files: OUT (default runs/gpu_check/): suite.xml, cuda.xml, device.json, *.log, profile.txt, summary.txt, summary.json
+# and a copy of the benchmark JSON (written to benchmarks/results/moe_layer_cuda_<card>.json). Exit status 1 when a
+# test failed.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -75,7 +77,7 @@ fi
 
 T0=$SECONDS
 mkdir -p "$OUT"
-rm -f "$OUT"/suite.xml "$OUT"/cuda.xml "$OUT"/summary.txt "$OUT"/summary.json
+rm -f "$OUT"/suite.xml "$OUT"/cuda.xml "$OUT"/summary.txt "$OUT"/summary.json "$OUT"/profile.txt
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false MPLBACKEND=Agg
 export MOELAB_PROGRESS=0 PYTHONUNBUFFERED=1
 
@@ -141,9 +143,17 @@ if [ "$CUDA" = 1 ]; then
   else
     BENCH=(--bench "$OUT/benchmark-failed.json"); echo "gpu_check: GPU benchmark failed ($OUT/bench.log)"
   fi
+  # where the time goes, and the host syncs per forward+backward (moelab's should be 0: issue 50)
+  "$PY" benchmarks/bench_moe_layer.py --device cuda --profile > "$OUT/profile.txt" 2>&1 \
+    || echo "gpu_check: GPU profile failed ($OUT/profile.txt)"
+  echo "gpu_check: benchmark and profile done after $((SECONDS - T0)) s"
 fi
 
 # ------------------------------------------------------------------ the one summary
 "$PY" scripts/gpu_check_summary.py --stage "whole suite=$OUT/suite.xml" --stage "cuda-marked=$OUT/cuda.xml" \
   --device "$OUT/device.json" "${BENCH[@]}" "${STOPPED[@]}" --json "$OUT/summary.json" --wall $((SECONDS - T0)) | tee "$OUT/summary.txt"
-exit "${PIPESTATUS[0]}"
+status=${PIPESTATUS[0]}
+if [ -s "$OUT/profile.txt" ]; then                                  # "## moelab_auto: host syncs per call: none"
+  sed -n 's/^## \(.*\)$/  profile     : \1/p' "$OUT/profile.txt" | tee -a "$OUT/summary.txt"
+fi
+exit "$status"

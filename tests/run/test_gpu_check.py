@@ -99,8 +99,8 @@ def test_gpu_check_script_runs_on_a_cpu_machine(tmp_path):
     m = re.fullmatch(r"gpu_check: (\d+) passed, 0 failed, 0 needs assets, (\d+) skipped", lines[-1])
     assert m and int(m.group(1)) > 0
     rec = json.loads((out / "summary.json").read_text())
-    assert rec["stages"]["cuda-marked"]["skipped"] == 3 and rec["stages"]["cuda-marked"]["passed"] == 0
-    assert int(m.group(2)) == 3 + rec["stages"]["whole suite"]["skipped"]      # the 3 cuda-marked skipped twice
+    assert rec["stages"]["cuda-marked"]["skipped"] == 6 and rec["stages"]["cuda-marked"]["passed"] == 0
+    assert int(m.group(2)) == 6 + rec["stages"]["whole suite"]["skipped"]      # the 6 cuda-marked skipped twice
     assert rec["benchmark"] is None and "not run (no CUDA device)" in (out / "summary.txt").read_text()
 
 
@@ -128,6 +128,14 @@ def test_bench_shape_comparison_on_cpu_checks_outputs_before_timing():
     assert bench.parse_shapes("1024,2816,8,2,16384")["1024x2816x8x2x16384"][0] == (1024, 2816, 8, 2, 16384)
     with pytest.raises(ValueError, match="'8,2'"):
         bench.parse_shapes("8,2")
+
+
+def test_bench_profile_counts_host_syncs_per_candidate():
+    """--profile with --shapes/--device cuda (issue 50): one table per candidate, headed by its host syncs per call
+    (on the CPU there are none to count)."""
+    txt = bench.profile_shape((32, 64, 4, 2, 48), "cpu", torch.float32, steps=1)
+    assert "## moelab_auto: host syncs per call: none" in txt
+    assert "## transformers_grouped_mm: host syncs per call: none" in txt and "aten::" in txt
 
 
 def test_bench_refuses_different_weights():

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["StackedExperts", "AdapterExperts", "grouped_linear", "ACTIVATIONS", "GATED",
-           "optimizer_replace_param", "optimizer_copy_rows", "autocast_dtype", "check_input_dtype"]
+__all__ = ["StackedExperts", "AdapterExperts", "grouped_linear", "offsets_mm", "offsets_mm_reference", "ACTIVATIONS",
+           "GATED", "optimizer_replace_param", "optimizer_copy_rows", "autocast_dtype", "check_input_dtype"]
 
 # act name -> elementwise function; gated acts take [.., 2f] = [gate | up] (Mixtral's gate_up_proj order)
 ACTIVATIONS = {
@@ -71,6 +71,45 @@ class _ContiguousGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return g.contiguous()
+
+
+# --------------------------------------------------------------------------------------------- grouped mm over offsets
+def offsets_mm(xs: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """out_s = W[e(s)] x_s for rows ``xs [S,in]`` grouped by expert (expert e: rows ``offs[e-1]:offs[e]``),
+    ``w [E,out,in]``, ``offs [E]`` int32 on xs's device   -> [S,out].
+
+    One ``torch.nn.functional.grouped_mm`` call (the offsets path, issue 50): no host sync on CUDA in bf16 (sm90+;
+    torch's fallback for other dtypes copies ``offs`` to the host). ``w.transpose`` is a view: the kernel takes the
+    column-major operand as it is. :func:`offsets_mm_reference` is the loop it must equal (tests)."""
+    return F.grouped_mm(xs, w.transpose(-2, -1), offs=offs)
+
+
+def offsets_mm_reference(xs: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """The reference of :func:`offsets_mm`: one ``x W[e]^T`` per group, read from ``offs`` on the host (CPU tests;
+    rows past ``offs[-1]``, which the offsets path never has, are zero)."""
+    out = xs.new_zeros(xs.shape[0], w.shape[1])
+    start = 0
+    for e, end in enumerate(offs.tolist()):
+        if end > start:
+            out[start:end] = xs[start:end] @ w[e].t()
+        start = end
+    return out
+
+
+def _offsets_ok(x: torch.Tensor, *ws: torch.Tensor) -> bool:
+    """Whether the offsets path can run grouped_mm on ``x [T,in]`` (prepared: the autocast dtype under autocast) and
+    weights ``ws`` (each [E,out,in]): grouped_mm exists, the dtypes agree once autocast has cast the weights, the
+    device is sm80+ on CUDA, and every row stride is a multiple of 16 bytes (the kernel's rule; the gathered rows and
+    the activations are fresh, aligned tensors)."""
+    if not hasattr(F, "grouped_mm"):
+        return False
+    dt = autocast_dtype(x)
+    if any((dt or w.dtype) != x.dtype for w in ws):
+        return False
+    if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) < (8, 0):
+        return False
+    es = x.element_size()
+    return all((n * es) % 16 == 0 for w in ws for n in w.shape[1:]) and (x.shape[-1] * es) % 16 == 0
 
 
 def _grouped_mm_ok(xs: torch.Tensor, w: torch.Tensor) -> bool:
@@ -265,9 +304,10 @@ class StackedExperts(nn.Module):
     optional ``b_in [E, f']``, ``b_out [E, d]``.
 
     Expert e: y = W_out[e] a(W_in[e] x + b_in[e]) + b_out[e], a = SwiGLU / GELU / ... (``act``).
-    ``impl``: "auto" (grouped_mm on CUDA when aligned, else "fused"), "fused" (per-expert mm with a hand-written
-    backward, :class:`_FusedExpertFFN`), "grouped_mm" (``torch.nn.functional.grouped_mm`` per projection),
-    "loop" (autograd over per-expert ``F.linear``). All equal the naive loop to float tolerance (tests).
+    ``impl``: "auto" (the offsets path on CUDA when grouped_mm's alignment allows, else "fused"), "fused" (per-expert
+    mm with a hand-written backward, :class:`_FusedExpertFFN`: the CPU default), "grouped_mm" (the offsets path on
+    any device: :meth:`offsets_forward`, one ``torch.nn.functional.grouped_mm`` per projection over device offsets;
+    issue 50), "loop" (autograd over per-expert ``F.linear``). All equal the naive loop to float tolerance (tests).
     """
 
     def __init__(self, num_experts: int, d_model: int, d_ff: int, act: str = "swiglu", bias: bool = False,
@@ -294,7 +334,35 @@ class StackedExperts(nn.Module):
         return f"num_experts={self.num_experts}, d_model={self.d_model}, d_ff={self.d_ff}, act={self.act!r}, bias={self.b_in is not None}"
 
     def prepare(self, x: torch.Tensor) -> torch.Tensor:
-        return x
+        """x [T,d] as the experts read it: in the autocast dtype under autocast, cast here once per token rather than
+        once per (token, slot) after the gather."""
+        return _autocast(x)[0]
+
+    def use_offsets(self, x: torch.Tensor) -> bool:
+        """Whether :func:`moe_dispatch` takes the offsets path (issue 50) for the prepared input x: ``impl`` is
+        "grouped_mm", or "auto" on CUDA where grouped_mm's alignment rules allow (:func:`_offsets_ok`)."""
+        if self.impl not in IMPLS:
+            raise ValueError(f"impl must be one of {IMPLS}, got {self.impl!r}")
+        return self.impl == "grouped_mm" or (self.impl == "auto" and x.device.type == "cuda"
+                                             and _offsets_ok(x, self.w_in, self.w_out))
+
+    def offsets_forward(self, xs: torch.Tensor, offs: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+        """The offsets path (issue 50): rows xs [S,d] in expert order, group ends ``offs [E]`` int32 and the expert
+        of each row ``expert_ids [S]``, all on the device   -> expert outputs [S,d] (autocast dtype under autocast).
+
+        Two grouped matmuls, no host sync, no copy of xs:
+          h = x W_in[e]^T + b_in[e] = [x W_g^T | x W_u^T]   [S, 2f]   (gate and up in one call: w_in = [W_g; W_u])
+          a = silu(h_g) * h_u (SwiGLU; a(h) for the others)  [S, f]
+          o = a W_out[e]^T + b_out[e]                         [S, d]
+        """
+        xs, w_in, w_out, b_in, b_out = _autocast(xs, self.w_in, self.w_out, self.b_in, self.b_out)
+        h = offsets_mm(xs, w_in, offs)                                       # [S, f']
+        if b_in is not None:
+            h = h + b_in[expert_ids]
+        o = offsets_mm(apply_act(h, self.act), w_out, offs)                  # [S, d]
+        if b_out is not None:
+            o = o + b_out[expert_ids]
+        return o
 
     def forward_expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert e on x [..., d] (the naive reference path)."""
@@ -391,6 +459,22 @@ class AdapterExperts(nn.Module):
     def forward_expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """A_e(x) = E(x) + s W_up^e act(W_down^e E(x))   (PESC Eq. 3)."""
         return self.adapter(e, self.dense(x))
+
+    def use_offsets(self, hs: torch.Tensor) -> bool:
+        """Whether :func:`moe_dispatch` takes the offsets path for the prepared input hs = E(x) (see
+        :meth:`StackedExperts.use_offsets`)."""
+        if self.impl not in IMPLS:
+            raise ValueError(f"impl must be one of {IMPLS}, got {self.impl!r}")
+        return self.impl == "grouped_mm" or (self.impl == "auto" and hs.device.type == "cuda"
+                                             and _offsets_ok(hs, self.w_down, self.w_up))
+
+    def offsets_forward(self, hs: torch.Tensor, offs: torch.Tensor, expert_ids: torch.Tensor | None = None
+                        ) -> torch.Tensor:
+        """The offsets path (issue 50): hs = E(x) [S,d] in expert order, group ends offs [E]   -> A_e(x) [S,d]:
+        hs + s W_up[e] act(W_down[e] hs), two grouped matmuls over device offsets."""
+        xs, w_down, w_up = _autocast(self.dropout(hs), self.w_down, self.w_up)
+        a = apply_act(offsets_mm(xs, w_down, offs), self.act)                # [S, r]
+        return hs + self.scale * offsets_mm(a, w_up, offs)                   # [S, d]
 
     def grouped_forward(self, hs: torch.Tensor, counts: list[int], offs: torch.Tensor | None = None,
                         expert_ids: torch.Tensor | None = None) -> torch.Tensor:

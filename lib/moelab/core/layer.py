@@ -103,14 +103,30 @@ class MoELayer(nn.Module):
         active = torch.zeros(pool, dtype=torch.bool)
         active[: pool if num_active is None else num_active] = True
         self.register_buffer("active_mask", active)
+        self._all_active_cache = None                                         # see _all_active
         self.last_router_logits = self.last_route = None
         self.token_mask: torch.Tensor | None = None                           # [B,S], set by moeify's model hook
         self.aux_loss = torch.zeros(())
         self._capture_fns = []                                                # set by capture.capture_moe
 
     # ------------------------------------------------------------------------------------------ routing
+    def _all_active(self) -> bool:
+        """Whether every slot is active, read on the host once per change of ``active_mask`` rather than once per
+        forward (a host sync on CUDA, issue 50): the answer is kept with the mask object and its version counter,
+        which every in-place write bumps (``active_mask[e] = False``, ``copy_``, ``load_state_dict``); ``grow`` and
+        ``.to()`` replace the object. (A write through ``active_mask.data`` bumps no counter: write the mask itself.)"""
+        m = self.active_mask
+        try:
+            version = m._version
+        except RuntimeError:                                                  # inference-mode tensor: no counter
+            return bool(m.all())
+        cache = getattr(self, "_all_active_cache", None)
+        if cache is None or cache[0] is not m or cache[1] != version:
+            cache = self._all_active_cache = (m, version, bool(m.all()))
+        return cache[2]
+
     def _active(self):
-        return None if bool(self.active_mask.all()) else self.active_mask
+        return None if self._all_active() else self.active_mask
 
     def route(self, x: torch.Tensor, group_ids: torch.Tensor | None = None):
         """x [T,d] -> (logits [T,E or N], RouteOut(weights [T,k'], indices [T,k'], probs))."""
@@ -187,7 +203,7 @@ class MoELayer(nn.Module):
 
     def _active_columns(self, num_logits: int) -> torch.Tensor | None:
         """Bool [num_logits] of the active slots seen by the router logits (None = all active)."""
-        if bool(self.active_mask.all()):
+        if self._all_active():
             return None
         if self.router_type != "group":
             return self.active_mask

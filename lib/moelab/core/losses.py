@@ -52,7 +52,8 @@ def load_balancing_loss(router_logits, num_experts: int, top_k: int, attention_m
             if flat_mask.numel() != z.shape[0]:
                 raise ValueError(f"attention_mask has {flat_mask.numel()} tokens, router_logits[{i}] has {z.shape[0]}")
             w = flat_mask
-        counts = counts + torch.zeros_like(counts).scatter_add_(0, sel.reshape(-1), w.repeat_interleave(top_k))
+        w_slots = w[:, None].expand(-1, top_k).reshape(-1)                  # w per (token, slot)   [T*k]
+        counts = counts + torch.zeros_like(counts).scatter_add_(0, sel.reshape(-1), w_slots)
         prob_sum = prob_sum + (probs * w[:, None]).sum(0)
         rows = rows + w.sum()
     f = counts / rows                                                        # f_e   [E]
