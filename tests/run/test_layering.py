@@ -18,7 +18,7 @@ from helpers import ROOT
 LIB = ROOT / "lib" / "moelab"
 
 # paper -> its top-level modules (a module may later become a package of the same name: lib/moelab/<name>/)
-PAPERS = {"01": ("moce",), "02": ("sba",), "03": ("cluster_upcycling",), "04": ("mass",),
+PAPERS = {"00": ("primer",), "01": ("moce",), "02": ("sba",), "03": ("cluster_upcycling",), "04": ("mass",),
           "05": ("free_moe",)}
 PAPER_OF = {name: paper for paper, names in PAPERS.items() for name in names}
 
@@ -102,16 +102,17 @@ def test_the_check_can_fail():
     assert violations(pkg, "from .data import load\nfrom moelab.core import moeify\n") == []
     assert violations(LIB / "mass" / "claims.py", "from moelab.mass import frontier\n") == []
     assert violations(LIB / "mass" / "claims.py", "from moelab.sba import routing_jsd\n")
-    assert violations(LIB / "claims" / "primer.py", "from moelab.mass import frontier\n")
+    assert violations(LIB / "primer" / "claims.py", "from moelab.mass import frontier\n")
 
 
 
 # ---------------------------------------------------------------- the claims engine sits below the paper packages
-# The run layer sits on top of the paper packages: it holds the notebook -> claim definitions table
-# (moelab.runner.notebook_run.CLAIM_DEFS) and imports the definitions by name.
+# The run layer sits on top of the paper packages; the engine must not import it.
 RUN_LAYER = ("moelab.runner",)
-# `python -m moelab.claims` is an entry script, not engine code: it takes the definitions table from the run layer.
-CLAIMS_ENTRY_SCRIPTS = {"moelab.claims.__main__"}
+# Not engine code: `python -m moelab.claims` (an entry script) and the registry, the one module that holds the
+# notebook -> claim definitions table (module names) and imports a definitions module by name when it is needed
+# (issue 47, item 12: the claims package finds the definitions itself).
+CLAIMS_ENTRY_SCRIPTS = {"moelab.claims.__main__", "moelab.claims.registry"}
 _PAPER_NAME_RE = re.compile(r"\bmoelab\.(%s)\b" % "|".join(sorted(PAPER_OF)))
 
 
@@ -153,7 +154,7 @@ def test_the_claims_engine_imports_no_paper_package(path):
 def test_the_claims_check_can_fail():
     """Planted violations: a static, a relative-looking, a dynamic and a by-name (string table) route into a paper
     package, and an import of the run layer; the entry script and docstrings may name them."""
-    rebuild, primer, main = LIB / "claims" / "rebuild.py", LIB / "claims" / "primer.py", LIB / "claims" / "__main__.py"
+    rebuild, primer, main = LIB / "claims" / "rebuild.py", LIB / "claims" / "engine.py", LIB / "claims" / "__main__.py"
     assert claims_engine_violations(rebuild, "from moelab.mass import claims\n")
     assert claims_engine_violations(primer, "from moelab import free_moe\n")
     assert claims_engine_violations(rebuild, "import importlib\nimportlib.import_module('moelab.sba.claims')\n")
@@ -162,7 +163,8 @@ def test_the_claims_check_can_fail():
     assert claims_engine_violations(rebuild, '"""Definitions: ``moelab.mass.claims``."""\nimport json\n') == []
     assert claims_engine_violations(rebuild, "from moelab.stats import t_interval\nfrom .engine import Claim\n") == []
     assert claims_engine_violations(main, "from moelab.runner.notebook_run import claim_defs\n") == []
-    assert len(claims_files()) >= 5 and LIB / "claims" / "primer.py" in claims_files()
+    assert len(claims_files()) >= 5 and LIB / "claims" / "registry.py" in claims_files()
+    assert claims_engine_violations(LIB / "claims" / "registry.py") == []   # the table's one home
 
 
 def test_paper_packages_do_not_load_their_claims():
