@@ -9,6 +9,7 @@ from typing import Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from scipy import stats as sps
 
 from moelab.core import diagnostics
 from moelab.moce.method import active_adapter_params
@@ -242,13 +243,18 @@ def cramers_v(counts: np.ndarray) -> float:
 def independence_test(counts: np.ndarray, n_shuffles: int = 2000, seed: int = 0) -> dict:
     """Row (task or domain) x cluster dependence against a shuffled-label null.
 
-    ``ours`` = Cramér's V minus its mean under shuffled cluster labels (0 = no dependence); the interval is the
-    2.5-97.5 percentile of V over a bootstrap of items within each row (row sizes fixed) minus the same null mean;
-    ``mde`` = (z_0.975 + z_0.80) x the null's standard deviation; ``p`` = share of shuffles with V >= the observed V.
+    ``ours`` = Cramér's V minus its mean under shuffled cluster labels (0 = no dependence); the 95% interval is
+    ``ours`` ± t_0.975 (df = n_shuffles - 1) x the shuffled-label s.d. (test inversion under a shift of the null;
+    decides ~4% of independent tables, tests/claims/test_calibration.py; a bootstrap of items is biased upward and
+    has zero width for a perfectly separated table); ``mde`` = (z_0.975 + z_0.80) x the null's s.d.; ``p`` = (k + 1) /
+    (n_shuffles + 1) with k the shuffles whose V reaches the observed V (never 0: the observed labelling is one of the
+    labellings). The claims record (``moelab.moce.claims``) and the notebook's table print these same numbers.
     Deterministic for a given ``seed`` so that a rebuild reproduces the file."""
     c = np.asarray(counts, dtype=int)
     if c.ndim != 2 or (c < 0).any():
         raise ValueError(f"counts must be a non-negative 2-D table, got shape {c.shape}; pass rows x columns counts")
+    if n_shuffles < 2:
+        raise ValueError(f"n_shuffles must be at least 2 (the null's s.d. needs two draws), got {n_shuffles}")
     rows = np.repeat(np.arange(c.shape[0]), c.sum(1))
     cols = np.concatenate([np.repeat(np.arange(c.shape[1]), r) for r in c])
     rng = np.random.default_rng(seed)
@@ -257,14 +263,12 @@ def independence_test(counts: np.ndarray, n_shuffles: int = 2000, seed: int = 0)
     for i in range(n_shuffles):
         perm = rng.permutation(cols)
         null[i] = cramers_v(np.bincount(rows * c.shape[1] + perm, minlength=c.size).reshape(c.shape))
-    boot = np.empty(n_shuffles)
-    p_rows = c / np.maximum(c.sum(1, keepdims=True), 1)
-    for i in range(n_shuffles):
-        boot[i] = cramers_v(np.stack([rng.multinomial(int(n), p) for n, p in zip(c.sum(1), p_rows)]))
-    mu = float(null.mean())
-    return dict(ours=v_obs - mu, ci_low=float(np.percentile(boot, 2.5)) - mu,
-                ci_high=float(np.percentile(boot, 97.5)) - mu, mde=(Z975 + Z80) * float(null.std(ddof=1)),
-                v=v_obs, null_mean=mu, p=float((null >= v_obs - 1e-12).mean()), n=int(c.sum()))
+    mu, sd = float(null.mean()), float(null.std(ddof=1))
+    half = float(sps.t.ppf(0.975, n_shuffles - 1)) * sd
+    k = int((null >= v_obs - 1e-12).sum())
+    return dict(ours=v_obs - mu, ci_low=v_obs - mu - half, ci_high=v_obs - mu + half, mde=(Z975 + Z80) * sd,
+                v=v_obs, null_mean=mu, null_sd=sd, p=(k + 1) / (n_shuffles + 1), n_exceed=k, n_shuffles=n_shuffles,
+                n=int(c.sum()))
 
 
 def concentration(counts: pd.DataFrame) -> str:
@@ -277,13 +281,15 @@ def concentration(counts: pd.DataFrame) -> str:
 
 def dependence_table(counts: pd.DataFrame, what: str, n_shuffles: int = 2000) -> pd.DataFrame:
     """One row: the :func:`independence_test` of a rows x clusters count table (Cramér's V, its shuffled-label
-    mean, V minus that mean with its bootstrap interval, MDE, permutation p) with the concentration beside it (each
-    row's share in its top cluster: median, and the number of distinct top clusters)."""
+    mean, V minus that mean with the claims record's interval (± t_0.975 shuffled-label s.d.), MDE, permutation p =
+    (k + 1) / (n + 1)) with the concentration beside it (each row's share in its top cluster: median, and the number
+    of distinct top clusters)."""
     r = independence_test(counts.to_numpy(), n_shuffles=n_shuffles)
     share = counts.max(axis=1) / counts.sum(axis=1)
     return pd.DataFrame([{"table": what, "rows": len(counts), "clusters": counts.shape[1], "n": r["n"],
                           "cramers_v": r["v"], "null_mean_v": r["null_mean"], "v_minus_null": r["ours"],
                           "ci_low": r["ci_low"], "ci_high": r["ci_high"], "mde": r["mde"], "p_permutation": r["p"],
+                          "n_shuffles": r["n_shuffles"],
                           "median_top_share": float(share.median()), "distinct_top_clusters": int(
                               counts.idxmax(axis=1).nunique())}])
 
