@@ -101,8 +101,15 @@ def test_vit_regime_passes_and_fails(tmp_path):
     T = run_folder(tmp_path / "bad", "03_cluster_upcycling", {nb03.VIT: vit(bad)})
     assert not reg(T).passed
     assert evaluate(CLAIMS["vit_cifar_ft_vs_sparse"], T)["verdict"] == "outside the regime"
-    # against the dense model itself there is no such check (it would choose the label by the answer)
-    assert CLAIMS["vit_cifar_ft_vs_dense"].regime is None
+    # against the dense model itself the check reads the upcycling task (Fashion-MNIST test), not the compared one
+    assert CLAIMS["vit_cifar_ft_vs_dense"].regime.arms == ("cluster_eesd",)
+    fm = vit({"dense": [84.0] * 3, "cluster_eesd": [84.5, 84.6, 84.4]}, task="fmnist_test")
+    T = run_folder(tmp_path / "dense_ok", "03_cluster_upcycling", {nb03.VIT: pd.concat([vit(bad), fm])})
+    r = evaluate(CLAIMS["vit_cifar_ft_vs_dense"], T)
+    assert r["regime"]["passed"] and "fmnist_test" in r["regime"]["check"]
+    fm_bad = fm.assign(accuracy=lambda d: d["accuracy"].where(d["method"] == "dense", 83.0))
+    T = run_folder(tmp_path / "dense_bad", "03_cluster_upcycling", {nb03.VIT: pd.concat([vit(bad), fm_bad])})
+    assert evaluate(CLAIMS["vit_cifar_ft_vs_dense"], T)["verdict"] == "outside the regime"
 
 
 def test_budget_regime_passes_at_the_posters_budget_and_fails_below(tmp_path):
