@@ -141,13 +141,13 @@ def test_every_claim_evaluates_on_the_committed_tables(tmp_path, nb, profile):
         assert by["fig2_angles_above_40"]["verdict"] != "holds by construction"   # can't reproduce
         assert by["fig5_sba_norm"]["verdict"] == "holds by construction"
         assert by["sba_unit_vs_linear_wordnet_sts"]["verdict"] != "reproduced"
-    if nb == "03_cluster_upcycling":
-        assert by["similarity_vs_sparse"]["verdict"] == "holds by construction"
-        # the shape is tested per seed on a fixed held-out batch (rise and fall, not one slope); our 120
-        # steps cannot stand for the poster's whole trajectory: outside the regime, with the measurement beside it
+    if nb == "03_cluster_upcycling":   # the rest: tests/claims/test_defs_cluster_upcycling.py
+        assert by["similarity_vs_sparse"]["verdict"] == "reproduced"   # a seed test of the trained models
+        # the shape is tested per seed on a fixed held-out batch; the regime check is passable (the stand-in trains
+        # and ends no worse than its dense parent)
         trend = by["entropy_explores_then_restabilises"]
-        assert "held-out batch" in trend["metric"] and "min(rise, fall)" in trend["method"], trend
-        assert trend["verdict"] == "outside the regime" and trend["regime"]["passed"] is False
+        assert "held-out batch" in trend["metric"] and "first third" in trend["method"], trend
+        assert trend["regime"]["passed"] is True
         assert by["r1_vs_sparse"]["unit"] == "points (x100)" and abs(by["r1_vs_sparse"]["ours"]) > 0.05
 
 
@@ -172,23 +172,6 @@ def test_independence_test_separates_dependent_from_independent_tables():
     assert r["ci_low"] > 0 and r["p"] < 0.01
     with pytest.raises(ValueError):
         nb01_moce.independence_test(np.array([1, 2, 3]))
-
-
-def test_init_determined_analyses_hold_by_construction_even_when_the_routers_move(tmp_path):
-    """The gate does not look at the answer: compactness is declared determined by the initialisation, so
-    it is 'holds by construction' whether or not the routers moved (the measured difference is in the record)."""
-    rows = []
-    for m, init, final in (("cluster_eesd", 0.65, 0.55), ("sparse", 0.85, 0.84)):
-        for seed in range(3):
-            for layer in range(3):
-                for when, v in (("init", init), ("final", final + 0.01 * seed)):
-                    rows.append(dict(method=m, seed=seed, when=when, moe_layer=layer, relative_compactness=v,
-                                     expert_similarity=v, routing_entropy=v, utilisation_balance=0.95, max_share=0.2))
-    T = run_folder(tmp_path, "03_cluster_upcycling", {"analysis_panels": pd.DataFrame(rows)})
-    c = {x.id: x for x in nb03_cluster_upcycling.CLAIMS}["compactness_vs_sparse"]
-    r = evaluate(c, T)
-    assert r["kind"] == "comparative" and r["verdict"] == "holds by construction"
-    assert r["ours"] == pytest.approx(0.55 - 0.84) and "whichever way it falls" in r["reason"]
 
 
 def test_sba_per_seed_scores_give_a_paired_seed_comparison(tmp_path):
