@@ -326,7 +326,7 @@ display(Markdown(fm.run_summary(dowp.selection, summary, cross, t2, time.time() 
 # %% [markdown]
 # ## Claims
 #
-# Verdicts are computed from the tables saved above by `moelab.claims.defs.nb05_free_moe`, where the paper's numbers
+# Verdicts are computed from the tables saved above by `moelab.free_moe.claims`, where the paper's numbers
 # are written beside each claim with the table they come from; the verdict rule is in docs/CLAIMS.md, and
 # `python -m moelab.claims rebuild` recomputes the same file from the saved tables. Test items are the unit of
 # replication (one pretrained model with and without a mask).
