@@ -396,3 +396,20 @@ def test_gemma_rows_belong_to_the_full_profile(tmp_path):
     for cid in ("gemma_dowp_gain_gsm8k", "gemma_freemoe_gain_humaneval_pass1_loglik_gated"):
         ev = BY[cid].evidence(T)
         assert isinstance(ev, NotInProfile) and ev.profile == "full", cid
+
+
+def test_freemoe_vs_dowp_needs_dowp_above_the_dense_model(tmp_path):
+    """"More moderate improvements than DOWP" compares improvements: the check passes where Algorithm 1's DOWP beats
+    the dense model and fails (outside the regime, with the numbers) where it does not."""
+    main = _items(seed=1)
+    for sub, shift in (("up", 1.0), ("down", -0.5)):
+        (tmp_path / sub).mkdir()
+        alg1 = _items(seed=2, methods=("DOWP", "FREE-MOE"), shift=shift)
+        dowp = alg1[alg1.method == "DOWP"]
+        alg1 = pd.concat([dowp, dowp.assign(method="FREE-MOE", score=dowp.score - 0.2)], ignore_index=True)
+        T = tables_folder(tmp_path / sub, {nb05.ITEMS: main, nb05.ALG1: alg1, "data_domains": _domains()})
+        ev = BY["freemoe_vs_dowp_gsm8k"].evidence(T)
+        if shift > 0:
+            assert isinstance(ev, Items) and np.isclose(np.mean(ev.a - ev.b), -0.2)
+        else:
+            assert isinstance(ev, OutsideRegime) and "does not improve on the dense model" in ev.check
