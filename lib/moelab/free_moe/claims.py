@@ -320,6 +320,9 @@ def alg1_evidence(task: str, metric: str, method: str, gemma: bool = False, vs: 
     next run saves. Against DOWP (``vs="DOWP"``): DOWP must improve on the dense model first
     (:func:`dowp_not_above_base`)."""
     def evidence(T):
+        if metric == "pass@10" and T.profile in ("smoke", "default"):
+            return NotInProfile("full", "HumanEval pass@10 needs 10 samples per problem (he_n = 10); this profile "
+                                        "scores greedy pass@1")
         if gemma and not T.has(GEMMA_ITEMS):
             if T.profile in ("smoke", "default"):
                 return NotInProfile("full", "the Gemma-3-270M rows are run by the full profile")
