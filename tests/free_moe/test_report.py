@@ -61,9 +61,9 @@ def _test_sweep():
 
 def test_table1_selection_matches_naive():
     sw = _test_sweep()
-    selected = {"general_0": (50.0, 55.0), "general_1": (0.0, 5.0), "maths_0": "95-100%"}
+    selected = {"general_0": (50.0, 55.0), "general_1": (95.0, 100.0), "maths_0": "95-100%"}
     got = fm.report.table1_selection(sw, selected).set_index(["domain", "protocol"])
-    bands = ["0-5%", "50-55%", "95-100%"]
+    bands = ["50-55%", "95-100%"]                                         # the paper's grid: never Wanda's 0-5%
     for dom in ["general", "maths"]:
         d = sw[sw.domain == dom]
         tot_ref, tot_test, n = 0.0, 0.0, 0
@@ -210,3 +210,46 @@ def test_domain_summary_matches_naive_and_never_pools():
         fm.report.domain_summary(sc, a="WANDA")
     with pytest.raises(ValueError, match="domain"):
         fm.report.domain_summary(sc.drop(columns="domain"))
+
+
+def test_table1_selection_never_takes_wandas_baseline_band_as_the_test_selected_maximum():
+    """Issue 47 item 8: the test-selected (paper's) row is a maximum over the paper's 50-100% grid; Wanda's 0-5% is a
+    baseline row (``role == "baseline"``), never a maximum. A cluster whose 0-5% scores best on the test items must
+    contribute its best paper-grid band's score, and the named band must be the one whose score is counted."""
+    rows = []
+    # cluster c0: 0-5% scores 1.0, the grid bands 0.5 / 0.25; cluster c1: 0-5% 0.0, grid bands 0.75 / 1.0
+    spec = {"c0": {"base": 0.0, "50-55%": 0.5, "95-100%": 0.25, "0-5%": 1.0},
+            "c1": {"base": 0.0, "50-55%": 0.75, "95-100%": 1.0, "0-5%": 0.0}}
+    for c, bands in spec.items():
+        for band, v in bands.items():
+            role = "dense" if band == "base" else "baseline" if band == "0-5%" else "band"
+            rows += [dict(domain="g", cluster=c, band=band, role=role, item=i, score=v) for i in range(4)]
+    sw = pd.DataFrame(rows)
+    got = fm.report.table1_selection(sw, {"c0": "50-55%", "c1": "95-100%"}).set_index("protocol")
+    assert got.loc["test-selected (optimistic)", "score"] == pytest.approx(100 * (0.5 + 1.0) / 2)
+    assert got.loc["test-selected (optimistic)", "bands"] == "c0:50-55%, c1:95-100%"
+    # without a role column the baseline band is still recognised by its label (Wanda's 0-5%)
+    got2 = fm.report.table1_selection(sw.drop(columns="role"), {"c0": "50-55%", "c1": "95-100%"})
+    assert got2.set_index("protocol").loc["test-selected (optimistic)", "score"] == pytest.approx(75.0)
+
+
+def test_table1_selection_algorithm1_protocol_is_at_most_the_test_selected_row():
+    """The paper's Algorithm 1 (each cluster's reference arg-max band, no fallback to the dense model) on the test
+    items: one grid band per cluster, so the test-selected maximum is at least it (an identity), while the gated
+    protocol (dense where a cluster's gain interval was not above 0) need not be."""
+    sw = _test_sweep()
+    sw = sw.assign(role=np.where(sw.band == "base", "dense", np.where(sw.band == "0-5%", "baseline", "band")))
+    alg1 = {"general_0": (50.0, 55.0), "general_1": "95-100%", "maths_0": "50-55%"}
+    got = fm.report.table1_selection(sw, {"general_0": "base", "general_1": "base", "maths_0": "base"},
+                                     algorithm1=alg1).set_index(["domain", "protocol"])
+    for dom in ["general", "maths"]:
+        d = sw[sw.domain == dom]
+        parts = [d[(d.cluster == c) & (d.band == (v if isinstance(v, str) else fm.band_label(v)))].score
+                 for c, v in alg1.items() if c in set(d.cluster)]
+        want = 100 * pd.concat(parts).mean()
+        assert got.loc[(dom, "reference-selected (Algorithm 1), test-reported"), "score"] == pytest.approx(want)
+        assert got.loc[(dom, "test-selected (optimistic)"), "score"] >= want - 1e-9
+        assert got.loc[(dom, "reference-selected, test-reported"), "score"] == \
+            pytest.approx(got.loc[(dom, "BASELINE"), "score"])                  # gated everywhere -> dense
+    with pytest.raises(ValueError, match="not a grid band"):
+        fm.report.table1_selection(sw, {c: "base" for c in alg1}, algorithm1={**alg1, "maths_0": "0-5%"})

@@ -226,8 +226,10 @@ def dowp_select(model: nn.Module, tok, ref_by_sub: dict, bands: Sequence[tuple[f
     patches (Eq. 4), sweep ``bands`` (selectable) and ``baseline_bands`` (Wanda's 0-5%: a baseline row, never
     selected) on its reference items (Eq. 5-6), select θ* with :func:`select_with_gate` on the accuracy-aligned
     score (``item_metrics``' ``score``: p(gold)/Σp(options) for multiple choice, answer log-likelihood per token
-    for generative items; a cluster holds one task type) and build the masks: ``selected`` (θ*, or None = dense),
-    each baseline band, and ``ratio<r>`` = [θ*min, θ*min + r] (Table 2; only where θ* exists).
+    for generative items; a cluster holds one task type) and build the masks: ``best`` (the arg-max band with no
+    gate: the paper's Algorithm 1), ``selected`` (θ* where it passed the gate, or None = dense: our departure), each
+    baseline band, and ``ratio<r>`` = [θmin, θmin + r] of the arg-max band (Table 2, an ablation of Algorithm 1: every
+    cluster, no gate).
     ``mode``/``counts``: the band reading of :func:`~moelab.free_moe.method.band_mask`. ``test_by_sub`` (optional)
     are scored under the same masks in the same passes and returned as ``test_sweep`` (the paper's test-selected
     protocol), never used for θ*. With ``cache_config`` each (cluster, band) result is cached on its own, so an
@@ -287,8 +289,8 @@ def dowp_select(model: nn.Module, tok, ref_by_sub: dict, bands: Sequence[tuple[f
         masks[sub]["selected"] = None if best is None else masks[sub]["best"]
         for b in baseline_bands:
             masks[sub][band_label(b)] = band_mask(ranks, b, mode, counts)
-        for r in ratios if best is not None else ():
-            masks[sub][f"ratio{r:g}"] = band_mask(ranks, (best[0], min(100.0, best[0] + r)), mode, counts)
+        for r in ratios:                                          # Table 2 ablates Algorithm 1's band: no gate
+            masks[sub][f"ratio{r:g}"] = band_mask(ranks, (top[0], min(100.0, top[0] + r)), mode, counts)
         del ranks
         if log:
             log(f"{sub}: {len(items)} reference items, θ* = {'dense' if best is None else band_label(best)}")
@@ -300,7 +302,7 @@ def dowp_select(model: nn.Module, tok, ref_by_sub: dict, bands: Sequence[tuple[f
 
 def masks_for(dowp: DowpResult, which: str) -> dict:
     """{subdomain: mask} for one kind of mask ("selected", "best", "0-5%", "ratio3", ...); None (the dense model)
-    where a cluster has no such mask (no band passed the gate)."""
+    where a cluster has no such mask ("selected": no band passed the gate)."""
     return {s: m.get(which) for s, m in dowp.masks.items()}
 
 
@@ -496,25 +498,35 @@ def to_long(wide: pd.DataFrame, metrics: Sequence[str] = LONG_METRICS, keep: Seq
 
 def table1_scores(model: nn.Module, tok, items: Sequence[dict], he_items: Sequence[dict], routing: pd.DataFrame,
                   dowp: DowpResult, he_n: int = 1, he_tokens: int = 96, batch_size: int = 16, seed: int = 0,
-                  cache_config: dict | None = None) -> pd.DataFrame:
-    """Table 1 on held-out test items: BASELINE (dense), DOWP (oracle main domain + Eq. 3 cluster's selected
-    DSS-Expert; dense where the cluster kept the dense model) and FREE-MOE (the router's cluster). ``routing`` rows
-    follow ``items + he_items``. Per item and metric (acc, acc_norm, p_gold, p_gold_norm for multiple choice;
-    loglik for generative; pass@1 (and pass@10 when ``he_n >= 10``) for HumanEval problems). Each (item, mask) pair
-    is scored once; with ``cache_config`` the whole table is cached by its routing and selected bands."""
-    sel = masks_for(dowp, "selected")
+                  cache_config: dict | None = None, which: str = "selected",
+                  methods: Sequence[str] = ("BASELINE", "DOWP", "FREE-MOE")) -> pd.DataFrame:
+    """Table 1 on held-out test items: BASELINE (dense), DOWP (oracle main domain + Eq. 3 cluster's DSS-Expert) and
+    FREE-MOE (the router's cluster), each of ``methods``. ``which`` names the masks: ``"selected"`` (our gated
+    selection: dense where the cluster's reference gain interval was not above 0) or ``"best"`` (the paper's
+    Algorithm 1: every cluster's arg-max band, no fallback). ``routing`` rows follow ``items + he_items``. Per item
+    and metric (acc, acc_norm, p_gold, p_gold_norm for multiple choice; loglik for generative; pass@1 (and pass@10
+    when ``he_n >= 10``) for HumanEval problems). Each (item, mask) pair is scored once; with ``cache_config`` the
+    whole table is cached by its routing, masks and methods."""
+    unknown = sorted(set(methods) - {"BASELINE", "DOWP", "FREE-MOE"})
+    if unknown or not methods:
+        raise ValueError(f"table1_scores: methods must be among BASELINE, DOWP, FREE-MOE, got {list(methods)}")
+    if which not in ("selected", "best"):
+        raise ValueError(f"table1_scores: which must be 'selected' (gated) or 'best' (Algorithm 1), got {which!r}")
+    sel = masks_for(dowp, which)
     n_t = len(items)
     eq3, pred = routing.eq3_sub.tolist(), routing.pred_sub.tolist()
     ks = (1, 10) if he_n >= 10 else (1,)
 
     def compute():
-        routes = {"BASELINE": (None, None), "DOWP": (eq3[:n_t], sel), "FREE-MOE": (pred[:n_t], sel)}
+        routes = {m: r for m, r in {"BASELINE": (None, None), "DOWP": (eq3[:n_t], sel),
+                                     "FREE-MOE": (pred[:n_t], sel)}.items() if m in methods}
         wide = evaluate_methods(model, tok, items, routes, columns=ITEM_METRICS,
                                 score_fn=lambda m, its: item_metrics(m, tok, its, batch_size))
         parts = [to_long(wide)]
         if he_items:
             he_fn = humaneval_score_fn(tok, n=he_n, ks=ks, max_new_tokens=he_tokens, seed=seed)
-            he_routes = {"BASELINE": (None, None), "DOWP": (eq3[n_t:], sel), "FREE-MOE": (pred[n_t:], sel)}
+            he_routes = {m: r for m, r in {"BASELINE": (None, None), "DOWP": (eq3[n_t:], sel),
+                                            "FREE-MOE": (pred[n_t:], sel)}.items() if m in methods}
             he = evaluate_methods(model, tok, he_items, he_routes, score_fn=he_fn, columns=[f"pass@{k}" for k in ks])
             parts.append(he.melt(id_vars=["method", "task", "id"], var_name="metric", value_name="score"))
         return pd.concat(parts, ignore_index=True)
@@ -523,6 +535,9 @@ def table1_scores(model: nn.Module, tok, items: Sequence[dict], he_items: Sequen
     else:
         cfg = dict(cache_config, step="table1", eq3=[str(k) for k in eq3], pred=[str(k) for k in pred],
                    selected={c: None if b is None else band_label(b) for c, b in dowp.selected.items()},
+                   **({} if which == "selected" and tuple(methods) == ("BASELINE", "DOWP", "FREE-MOE") else
+                      dict(which=which, methods=list(methods),
+                           best=dict(zip(dowp.selection.cluster, dowp.selection.best_band)))),
                    items=cache.key({"i": [(it["task"], str(it["id"])) for it in [*items, *he_items]]}),
                    he=(he_n, he_tokens, seed))
         out = cache.memo("free_moe_table1", cfg, compute)
@@ -586,11 +601,11 @@ def ablation_items(model: nn.Module, tok, items: Sequence[dict], routes: dict, b
 
 def ratio_ablation(model: nn.Module, tok, items: Sequence[dict], clusters: Clusters, dowp: DowpResult,
                    ratios: Sequence[float], batch_size: int = 16) -> pd.DataFrame:
-    """Table 2: purification ratio r = width of the purified band placed at θ*min of each cluster's selected band
-    (5% = θ* itself; clusters that kept the dense model stay dense), on the same items (routed by Eq. 3), with the
-    purified share."""
+    """Table 2 (an ablation of the paper's Algorithm 1): purification ratio r = width of the purified band placed at
+    θmin of each cluster's arg-max reference band (5% = that band itself; every cluster, no gate), on the same items
+    (routed by Eq. 3), with the purified share."""
     keys = cluster_keys(model, tok, items, clusters)
-    routes = {"base": (None, None), "5%": (keys, masks_for(dowp, "selected"))}
+    routes = {"base": (None, None), "5%": (keys, masks_for(dowp, "best"))}
     routes.update({f"{r:g}%": (keys, masks_for(dowp, f"ratio{r:g}")) for r in ratios})
     return ablation_items(model, tok, items, routes, batch_size)
 
@@ -638,10 +653,11 @@ def hook_check(model: nn.Module, tok, router: MultiLevelRouter, clusters: Cluste
 
 def model_rows(model: nn.Module, tok, data: dict, K: dict, bands: Sequence, n_per_cluster: int, min_ref: int,
                n_items: int, calib_tokens: int, patch: int = 1, batch_size: int = 16, seed: int = 0,
-               cache_config: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+               cache_config: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """The whole pipeline for a second model (Gemma-3-270M in ``full``): clusters on the same reference pools (its
     own embedding layer), DOWP with the gate, the router, and BASELINE / DOWP / FREE-MOE on the first ``n_items``
-    test items per task. Returns (per-item long scores, selection table)."""
+    test items per task. Returns (per-item long scores with our gated selection, selection table, per-item DOWP /
+    FREE-MOE scores under the paper's Algorithm 1: arg-max band, no gate)."""
     cl = reference_clusters(model, tok, data["pools"], K, n_per_cluster, min_ref, seed)
     dw = dowp_select(model, tok, cl.ref, bands, patch=patch, calib_tokens=calib_tokens, batch_size=batch_size,
                      cache_config=cache_config)
@@ -651,7 +667,9 @@ def model_rows(model: nn.Module, tok, data: dict, K: dict, bands: Sequence, n_pe
         if seen[it["task"]] <= n_items:
             items.append(it)
     _, routing = route_test(model, tok, data["train"], cl, items, seed)
-    return table1_scores(model, tok, items, [], routing, dw, batch_size=batch_size), dw.selection
+    alg1 = table1_scores(model, tok, items, [], routing, dw, batch_size=batch_size, which="best",
+                         methods=("DOWP", "FREE-MOE"))
+    return table1_scores(model, tok, items, [], routing, dw, batch_size=batch_size), dw.selection, alg1
 
 
 def test_sweep_items(model: nn.Module, tok, test: dict, clusters: Clusters, n_sweep: int) -> dict | None:

@@ -17,7 +17,7 @@ from torch import nn
 
 from moelab.free_moe.data import task_usability
 from moelab.free_moe.experiment import DowpResult
-from moelab.free_moe.method import band_label, purified_share, target_linears
+from moelab.free_moe.method import WANDA_BAND, band_label, purified_share, target_linears
 from moelab.claims import with_range_pseudo_pairs
 from moelab.stats import minimum_detectable_effect, paired_t_interval, t_interval
 from moelab.suite.baselines import (HEURISTICS, N_FOLDS, best_position, chance, heuristic_correct, option_similarity,
@@ -147,7 +147,8 @@ def count_weighted_max(table: pd.DataFrame, band_cols: Sequence[str] | None = No
     return float((n * table[cols].max(axis=1).to_numpy(float)).sum() / n.sum())
 
 
-def table1_selection(test_sweep: pd.DataFrame, selected: dict, scale: float = 100.0) -> pd.DataFrame:
+def table1_selection(test_sweep: pd.DataFrame, selected: dict, scale: float = 100.0,
+                     algorithm1: dict | None = None) -> pd.DataFrame:
     """Two protocols for Table 1's DOWP row from one per-item table of test scores under every band
     (``test_sweep``: columns cluster, band, item, score, optional domain; band "base" = dense model, as
     ``experiment.band_sweep`` returns it on test items):
@@ -157,7 +158,13 @@ def table1_selection(test_sweep: pd.DataFrame, selected: dict, scale: float = 10
       θ* (= Σ_c n_c · s_c,θ* / Σ_c n_c);
     - ``test-selected (optimistic)`` (the paper's): each cluster's band is the one with the best mean score
       on these same test items (ties -> the band listed first), then count-weighted: :func:`count_weighted_max` of
-      :func:`sweep_table`. Selection on the reported items, so biased upwards.
+      :func:`sweep_table`. Selection on the reported items, so biased upwards. The maximum is over the paper's
+      50-100% grid only: rows with ``role == "baseline"`` (or, without a ``role`` column, Wanda's 0-5% band by its
+      label) are never a maximum (issue 47 item 8: they were counted while the grid band was named);
+    - ``reference-selected (Algorithm 1), test-reported`` when ``algorithm1`` (cluster -> band tuple or label) is
+      given: each cluster's arg-max band on its reference items with no fallback to the dense model (the paper's
+      Algorithm 1), scored on these test items. On the same items the test-selected row is at least this one (a
+      maximum over the grid is at least any one grid band).
 
     Plus ``BASELINE`` (band "base") when present. One row per domain ("all" without a domain column) and protocol:
     domain, protocol, score (x scale), n_items, n_clusters, bands ("cluster:band, ...")."""
@@ -165,6 +172,8 @@ def table1_selection(test_sweep: pd.DataFrame, selected: dict, scale: float = 10
     if not need <= set(test_sweep.columns):
         raise ValueError(f"table1_selection: test_sweep needs columns {sorted(need)}, has {list(test_sweep.columns)}")
     sw = test_sweep if "domain" in test_sweep.columns else test_sweep.assign(domain="all")
+    # the baseline rows (Wanda's 0-5%): by role where the sweep has one, else by label; never a maximum
+    baseline = set(sw[sw.role == "baseline"].band) if "role" in sw.columns else {band_label(WANDA_BAND)}
     rows = []
     for dom, d in sw.groupby("domain", sort=False):
         clusters = d.cluster.drop_duplicates().tolist()
@@ -186,10 +195,25 @@ def table1_selection(test_sweep: pd.DataFrame, selected: dict, scale: float = 10
         rows.append(dict(domain=dom, protocol="reference-selected, test-reported",
                          score=scale * float(np.concatenate(ref_parts).mean()), n_items=n_items,
                          n_clusters=len(clusters), bands=", ".join(ref_bands)))
-        t = sweep_table(d[d.band != "base"], scale=scale)
+        if algorithm1 is not None:
+            parts, labs = [], []
+            for c in clusters:
+                if c not in algorithm1:
+                    raise ValueError(f"table1_selection: no Algorithm 1 band for cluster {c!r}")
+                lab = algorithm1[c] if isinstance(algorithm1[c], str) else band_label(algorithm1[c])
+                s = d[(d.cluster == c) & (d.band == lab)].score
+                if s.empty or lab in baseline:
+                    raise ValueError(f"table1_selection: cluster {c!r}'s Algorithm 1 band {lab} is not a grid band "
+                                     "with test scores")
+                parts.append(s.to_numpy(float))
+                labs.append(f"{c}:{lab}")
+            rows.append(dict(domain=dom, protocol="reference-selected (Algorithm 1), test-reported",
+                             score=scale * float(np.concatenate(parts).mean()), n_items=n_items,
+                             n_clusters=len(clusters), bands=", ".join(labs)))
+        grid = d[(d.band != "base") & ~d.band.isin(baseline)]
+        t = sweep_table(grid, scale=scale)
         rows.append(dict(domain=dom, protocol="test-selected (optimistic)",
-                         score=count_weighted_max(t, [c for c in t.columns if c not in
-                                                      ("cluster", "samples", "max", "best_band", "share")]),
+                         score=count_weighted_max(t, grid.band.drop_duplicates().tolist()),
                          n_items=n_items, n_clusters=len(clusters),
                          bands=", ".join(f"{r.cluster}:{r.best_band}" for r in t.itertuples())))
     return pd.DataFrame(rows)
@@ -706,19 +730,22 @@ def baseline_sentence(base_tab: pd.DataFrame) -> str:
 
 
 def test_selected_row(dowp: DowpResult) -> pd.DataFrame | None:
-    """Table 1's DOWP row two ways on the test-sweep items (:func:`table1_selection`), per selection group: on the
-    accuracy-aligned score (``p_gold`` points for multiple choice, ``loglik`` for generative) and on accuracy.
+    """Table 1's DOWP row three ways on the test-sweep items (:func:`table1_selection`: ours with the gate, the paper's
+    Algorithm 1 with no gate, and test-selected), per selection group: on the accuracy-aligned score (``p_gold`` points for multiple choice, ``loglik`` for generative) and on accuracy.
     None when the profile swept no test items."""
     ts = dowp.test_sweep
     if ts is None or ts.empty:
         return None
     sel = {c: "base" if b is None else band_label(b) for c, b in dowp.selected.items()}
+    alg1 = dict(zip(dowp.selection.cluster, dowp.selection.best_band)) if dowp.selection is not None else None
     parts = []
     for g, d in ts.groupby("group", sort=False):
         for met in (["p_gold", "acc"] if d.kind.iloc[0] == "mc" else ["loglik"]):
             x = d.assign(score=d[met], domain=g).dropna(subset=["score"])
-            parts.append(table1_selection(x, {c: sel[c] for c in x.cluster.unique()},
-                                          scale=METRIC_SCALE[met]).assign(metric=met))
+            cl = x.cluster.unique()
+            parts.append(table1_selection(x, {c: sel[c] for c in cl}, scale=METRIC_SCALE[met],
+                                          algorithm1=None if alg1 is None else {c: alg1[c] for c in cl})
+                         .assign(metric=met))
     return pd.concat(parts, ignore_index=True)
 
 
