@@ -45,3 +45,12 @@ def test_settings_equal_the_notebooks_former_dict():
     for name, want in former.items():
         got = primer_config.profile(name).settings()
         assert got == want and list(got) == list(want), name
+
+
+def test_the_balancing_comparison_trains_three_seeds_except_in_smoke():
+    """Issue 47 item 9: 3 training seeds per arm decide the paired comparison; smoke stays one seed (inconclusive)."""
+    assert primer_config.profile("smoke").seeds == 1
+    assert all(primer_config.profile(n).seeds == 3 for n in ("default", "full", "paper"))
+    with pytest.raises(ValueError, match="seeds=0"):
+        primer_config.PrimerProfile("smoke", n_train=8, steps=1, n_eval=8, n_eval_loss=8, seeds=0)
+    assert "x 2 arms x 3 seed(s)" in primer_config.profile_table().set_index("setting").loc["training", "default"]

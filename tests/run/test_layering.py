@@ -102,7 +102,7 @@ def test_the_check_can_fail():
     assert violations(pkg, "from .data import load\nfrom moelab.core import moeify\n") == []
     assert violations(LIB / "mass" / "claims.py", "from moelab.mass import frontier\n") == []
     assert violations(LIB / "mass" / "claims.py", "from moelab.sba import routing_jsd\n")
-    assert violations(LIB / "claims" / "primer.py", "from moelab.mass import frontier\n")
+    assert violations(LIB / "primer" / "claims.py", "from moelab.mass import frontier\n")   # the primer is shared
 
 
 
@@ -153,16 +153,16 @@ def test_the_claims_engine_imports_no_paper_package(path):
 def test_the_claims_check_can_fail():
     """Planted violations: a static, a relative-looking, a dynamic and a by-name (string table) route into a paper
     package, and an import of the run layer; the entry script and docstrings may name them."""
-    rebuild, primer, main = LIB / "claims" / "rebuild.py", LIB / "claims" / "primer.py", LIB / "claims" / "__main__.py"
+    rebuild, engine, main = LIB / "claims" / "rebuild.py", LIB / "claims" / "engine.py", LIB / "claims" / "__main__.py"
     assert claims_engine_violations(rebuild, "from moelab.mass import claims\n")
-    assert claims_engine_violations(primer, "from moelab import free_moe\n")
+    assert claims_engine_violations(engine, "from moelab import free_moe\n")
     assert claims_engine_violations(rebuild, "import importlib\nimportlib.import_module('moelab.sba.claims')\n")
     assert claims_engine_violations(rebuild, 'TABLE = {"04_mass": "moelab.mass.claims"}\n')
     assert claims_engine_violations(rebuild, "from moelab.runner.notebook_run import CLAIM_DEFS\n")
     assert claims_engine_violations(rebuild, '"""Definitions: ``moelab.mass.claims``."""\nimport json\n') == []
     assert claims_engine_violations(rebuild, "from moelab.stats import t_interval\nfrom .engine import Claim\n") == []
     assert claims_engine_violations(main, "from moelab.runner.notebook_run import claim_defs\n") == []
-    assert len(claims_files()) >= 5 and LIB / "claims" / "primer.py" in claims_files()
+    assert len(claims_files()) >= 5 and LIB / "claims" / "engine.py" in claims_files()
 
 
 def test_paper_packages_do_not_load_their_claims():
