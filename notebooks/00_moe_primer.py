@@ -22,8 +22,9 @@
 #
 # This notebook builds such layers from a real dense model (all-MiniLM-L6-v2) with `moelab.core`, and shows, on real
 # tokens: (1) **sparse upcycling** (every expert a copy of the dense FFN) changes nothing at initialisation;
-# (2) a short training run through `moelab.train` with and without the **load-balancing loss**
-# $L_\mathrm{bal}=E\sum_e f_e P_e$ (Switch Transformer), and how unevenly tokens spread over experts;
+# (2) short training runs through `moelab.train` with and without the **load-balancing loss**
+# $L_\mathrm{bal}=E\sum_e f_e P_e$ (Switch Transformer), on several training seeds, and how unevenly tokens spread
+# over experts;
 # (3) the **routing weights** of a few real tokens; (4) **top-k vs top-p** routing (MASS uses top-p: a token takes as
 # many experts as it needs to reach probability mass $p$); (5) **linear vs spherical aggregation** of two expert
 # outputs (SBA: the linear mix of two directions collapses inwards); (6) the **dispatch kernel** (tokens sorted by
@@ -51,16 +52,17 @@ from IPython.display import display
 
 import moelab
 from moelab import core, primer
-from moelab.primer import config as primer_config
+from moelab.primer import config
 
 # %%
 T0 = time.time()
-run = moelab.start_run("00_moe_primer", profile=PROFILE, seed=SEED)
+P = config.profile(PROFILE)
+SEEDS = [SEED + i for i in range(P.seeds)]  # training seeds of section 2 (each draws routers, batches, dropout)
+run = moelab.start_run("00_moe_primer", profile=PROFILE, seed=SEED, seeds=SEEDS)
 torch.set_num_threads(1)  # the 2 cores are shared: one thread is several times faster than two here
-P = primer_config.profile(PROFILE)
 cfg = P.settings()
 run.save_json(cfg, "config")
-display(primer_config.profile_table(PROFILE))
+display(config.profile_table(PROFILE))
 
 # %% [markdown]
 # ## 1 · Sparse upcycling: an MoE that equals its dense parent
@@ -88,49 +90,52 @@ print(f"{len(core.moe_layers(upcycled))} MoE layers; max |dense - upcycled| over
 # of a trained FFN; the rest of MiniLM frozen) on WordNet (lemma, gloss) pairs with
 # MiniLM's own objective, in-batch negatives $L=\mathrm{CE}(20\cos(a_i,g_j), i)$, once plain and once with
 # $+\,0.05\sum_\text{layers}L_\mathrm{bal}$, where $f_e$ is the share of token-slots routed to expert $e$ and $P_e$
-# the mean router probability. `moelab.primer.train_balancing_runs` trains both through `moelab.train.train` (same
-# seed, same batches) and records per-step metrics.
+# the mean router probability. `moelab.primer.train_balancing_runs` does this for every training seed of the profile:
+# the seed redraws the routers ($\mathcal N(0,0.02^2)$; the experts stay copies, so the model still equals dense
+# MiniLM) and fixes the batches, and both arms of a seed share them (a comparison paired by seed). It records
+# per-step metrics and how far each router moved from its draw.
 
 # %%
 eval_fn = primer.contrastive_eval_fn(tok, eval_pairs[: P.n_eval_loss])
-init_loss = eval_fn(upcycled.eval())["heldout_contrastive"]
-runs, history, heldout = primer.train_balancing_runs(
-    upcycled, tok, train_pairs, eval_fn, init_loss, aux_coef=P.aux_coef, steps=P.steps, batch=P.batch,
-    router_lr=P.router_lr, expert_lr=P.expert_lr, warmup_frac=P.warmup_frac, eval_every=P.eval_every, seed=SEED)
-run.save_table(history, "table2", "training_history", caption="per-step metrics of the two training runs")
-run.save_table(heldout, "table2b", "heldout_loss", caption="held-out contrastive loss during training")
+bal = primer.train_balancing_runs(
+    upcycled, tok, train_pairs, eval_fn, seeds=SEEDS, aux_coef=P.aux_coef, steps=P.steps, batch=P.batch,
+    router_lr=P.router_lr, expert_lr=P.expert_lr, warmup_frac=P.warmup_frac, eval_every=P.eval_every)
+run.save_table(bal.history, "table2", "training_history", caption="per-step metrics of the training runs (seed, arm)")
+run.save_table(bal.heldout, "table2b", "heldout_loss", caption="held-out contrastive loss during training (per seed)")
+run.save_table(bal.router_change, "table2c", "router_change",
+               caption="relative change of each router's weights from its draw, ||W - W0|| / ||W0||")
 
 # %% [markdown]
 # Expert load $f_e$ on the held-out glosses, per batch, layer and expert, and its imbalance
-# $\mathrm{std}_e f_e/\mathrm{mean}_e f_e$, for the model at initialisation and after each run.
+# $\mathrm{std}_e f_e/\mathrm{mean}_e f_e$, for each seed's model at initialisation and after each run.
 
 # %%
-models = {"at initialisation": upcycled, **runs}
-load, imb = primer.load_tables(models, tok, eval_texts)
-run.save_table(load, "table3", "expert_load", caption="expert load on held-out glosses (per batch, layer, expert)")
+load, imb = primer.load_tables(bal.models(), tok, eval_texts)
+run.save_table(load, "table3", "expert_load", caption="expert load on held-out glosses (per seed, batch, layer, expert)")
 run.save_table(imb, "table4", "load_imbalance", caption="coefficient of variation of expert load, held-out batches")
-fig = primer.plot_balancing(history, heldout, load, models, P.num_experts)
-run.savefig(fig, "fig1", "balancing_loss", caption="loss, load imbalance and per-expert load with/without L_bal")
+fig = primer.plot_balancing(bal.history, bal.heldout, load, ["at initialisation", *primer.ARMS], P.num_experts)
+run.savefig(fig, "fig1", "balancing_loss", caption="loss, load imbalance and load by expert rank with/without L_bal")
 plt.show()
 
 # %%
-s = imb.groupby("run").imbalance.mean()
-final = heldout[heldout.step == heldout.step.max()].set_index("run").heldout_contrastive
-print(f"held-out contrastive loss ({P.n_eval_loss} pairs): {init_loss:.3f} at initialisation (= dense MiniLM) -> "
-      + "; ".join(f"{k}: {v:.3f}" for k, v in final.items()) + f" after {P.steps} steps")
-print(f"held-out load imbalance (CV, mean over {imb.layer.nunique()} layers x {imb.batch.nunique()} batches): "
-      f"{s['at initialisation']:.3f} at initialisation (random router), {s['no balancing loss']:.3f} after training "
-      f"without and {s['with balancing loss']:.3f} with the balancing loss")
+per_seed = imb.groupby(["seed", "run"]).imbalance.mean().unstack("run")
+final = bal.heldout[bal.heldout.step == bal.heldout.step.max()].groupby("run").heldout_contrastive.mean()
+display(per_seed.round(3))
+print(f"held-out contrastive loss ({P.n_eval_loss} pairs, mean of {len(SEEDS)} seed(s)): "
+      f"{bal.heldout[bal.heldout.step == 0].heldout_contrastive.mean():.3f} at initialisation (= dense MiniLM) -> "
+      + "; ".join(f"{k}: {v:.3f}" for k, v in final.items()) + f" after {P.steps} steps; routers moved by "
+      f"{bal.router_change.rel_change.min():.2f}-{bal.router_change.rel_change.max():.2f} of their initial norm")
 
 # %% [markdown]
 # ## 3 · Routing weights of real tokens
 #
 # The router probabilities $p(x)=\mathrm{softmax}(W_r x)$ of every token of one held-out gloss at the last MoE layer
-# of the balanced model; the two kept experts of each token are outlined (top-2, renormalised before mixing).
+# of the balanced model (first seed); the two kept experts of each token are outlined (top-2, renormalised before mixing).
 
 # %%
 sentence = eval_texts[0]
-rt = primer.routing_table(runs["with balancing loss"], tok, sentence, layer=-1)
+balanced = bal.runs[(SEEDS[0], "with balancing loss")]  # sections 3-6 read the first seed's balanced model
+rt = primer.routing_table(balanced, tok, sentence, layer=-1)
 run.save_table(rt, "table5", "routing_weights", caption=f"router probabilities, last MoE layer: {sentence!r}")
 run.savefig(primer.plot_routing_weights(rt), "fig2", "routing_weights",
             caption="router probabilities per token; red = kept top-2")
@@ -147,8 +152,8 @@ print(f"{top.size} tokens; the kept top-2 hold {top.mean():.2f} of the probabili
 # ones several. Counted on every held-out token with the balanced model's routers (`moelab.core.top_p_route`).
 
 # %%
-logits = primer.router_logits(runs["with balancing loss"], tok, eval_texts)
-active = primer.active_expert_counts(logits, top_k=P.top_k, top_ps=P.top_p)
+logits = primer.router_logits(balanced, tok, eval_texts)
+active = primer.active_expert_counts(logits, top_k=P.top_k, top_ps=P.top_p).assign(seed=SEEDS[0])
 run.save_table(active, "table6", "active_experts", caption="number of active experts per token, top-k vs top-p")
 run.savefig(primer.plot_active_experts(active, P.num_experts), "fig3", "topk_vs_topp",
             caption="active experts per real token")
@@ -172,7 +177,7 @@ print(f"{p_mid}: {summ.loc[p_mid, 'mean']:.2f} experts per token on average "
 # %%
 agg = primer.two_vector_aggregation(np.arange(0, 180, 15))  # 180° (antiparallel) has no unique arc
 run.save_table(agg, "table7", "aggregation_two_vectors", caption="norms of linear vs SBA mix of two unit vectors")
-real_ratio = primer.real_norm_ratio(runs["with balancing loss"], tok, eval_texts[:64])
+real_ratio = primer.real_norm_ratio(balanced, tok, eval_texts[:64])
 run.save_table(real_ratio, "table8", "aggregation_real", caption="norm ratio of linear vs SBA mix, real expert outputs")
 run.savefig(primer.plot_aggregation(agg), "fig4", "linear_vs_sba",
             caption="linear aggregation shrinks the mix; SBA keeps the norm")
@@ -193,8 +198,8 @@ print(f"two unit vectors at 120°: linear norm {at.linear_norm[120]:.3f}, SBA no
 # in `benchmarks/`).
 
 # %%
-layer = core.moe_layers(runs["with balancing loss"])[-1]
-x_real = primer.ffn_inputs(runs["with balancing loss"], tok, eval_texts, layer=-1, max_tokens=max(P.timing_tokens))
+layer = core.moe_layers(balanced)[-1]
+x_real = primer.ffn_inputs(balanced, tok, eval_texts, layer=-1, max_tokens=max(P.timing_tokens))
 timing = primer.time_dispatch(layer, x_real, list(P.timing_tokens), repeats=P.timing_repeats)
 run.save_table(timing, "table9", "dispatch_timing", caption="grouped dispatch vs per-token loop, seconds")
 tm = primer.dispatch_medians(timing)
@@ -206,12 +211,13 @@ print(f"grouped dispatch is {(tm['naive_loop'] / tm['grouped']).iloc[-1]:.0f}x f
 # %% [markdown]
 # ## Claims
 #
-# Verdicts are computed from the tables saved above by the claim definitions of notebook 00
-# (`moelab.runner.notebook_run.CLAIM_DEFS` names the module), where the paper's numbers are written beside each claim with the table or figure they come from;
-# the verdict rule (interval, MDE, unit of replication) is in docs/CLAIMS.md, and `python -m moelab.claims rebuild`
-# recomputes the same file from the committed tables. Three of the six facts are identities (upcycling at
-# initialisation, the two aggregation norms): they are recorded as *holds by construction* with the measured
-# deviation, and only a deviation beyond rounding would count.
+# Verdicts are computed from the tables saved above by the claim definitions of notebook 00 (`moelab.primer.claims`,
+# found through `moelab.claims.registry.CLAIM_DEFS`), each beside the sentence of the source it tests; the verdict
+# rule (interval, MDE, unit of replication) is in docs/CLAIMS.md, and `python -m moelab.claims rebuild` recomputes the
+# same file from the committed tables. Three of the facts are identities (upcycling at initialisation, the two
+# aggregation norms): *holds by construction* with the measured deviation, and a deviation beyond rounding stops the
+# rebuild. The balancing loss is compared over the training seeds, paired by seed, once the runs trained (held-out
+# loss not above dense MiniLM's, routers moved); top-p's varying count is tested over the tokens of one trained router.
 
 # %%
 claims = run.finish()

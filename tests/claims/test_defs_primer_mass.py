@@ -1,4 +1,5 @@
-"""Claim definitions of notebooks 00 (primer) and 04 (MASS); 05 (Free-MoE) is in tests/free_moe/test_claims.py.
+"""Claim definitions of notebooks 00 (primer) and 04 (MASS); 05 (Free-MoE) is in tests/free_moe/test_claims.py; the
+primer's evidence and regime tests are in tests/claims/test_defs_primer.py.
 
 Checks: the definitions pass ``check_definitions``; each claim's expected sign equals the direction read from the
 paper (typed here by hand from the paper's tables, independently of the engine's derivation); every claim evaluates
@@ -13,10 +14,10 @@ import pytest
 
 from moelab.claims import (ByConstruction, Insufficient, Level, OutsideRegime, Seeds, Tables, Unobtainable,
                            check_definitions, evaluate, validate_record)
-from moelab.claims import primer as nb00
 from moelab.claims.rebuild import evaluate_folder
 from moelab.mass import REGIME_MARGIN
 from moelab.mass import claims as nb04
+from moelab.primer import claims as nb00
 from moelab.runner.notebook_run import claim_defs
 
 from helpers import ROOT
@@ -211,25 +212,6 @@ def test_04_jsd_is_run_level(tmp_path):
     ev = nb04.jsd_evidence("entity_jsd")(tables_folder(tmp_path, {"fig3_jsd_points": pts}))
     assert isinstance(ev, Seeds) and not ev.paired and len(ev.a) == 5 and len(ev.b) == 9
     assert np.allclose(ev.a, pts[pts.method == "MASS"].groupby("run").entity_jsd.mean())
-
-
-def test_00_identity_holds_by_construction_whichever_way_it_falls(tmp_path):
-    """A definition-determined quantity is 'holds by construction' even when the implementation breaks it
-    (the record then shows the measured deviation; a broken implementation is for the unit tests)."""
-    agg = pd.DataFrame(dict(angle_deg=[0.0, 60.0, 120.0], linear_norm=[1.0, 0.866, 0.2],
-                            cos_half_angle=[1.0, 0.8660254, 0.5], sba_norm=1.0, mean_expert_norm=1.0))
-    T = tables_folder(tmp_path, {"table7_aggregation_two_vectors": agg})
-    assert evaluate(_claim(nb00, "sba_keeps_norm"), T)["verdict"] == "holds by construction"
-    rec = evaluate(_claim(nb00, "linear_mix_norm_cos_half"), T)
-    assert rec["verdict"] == "holds by construction" and rec["ours"] < -0.05 and "whichever way" in rec["reason"]
-
-
-def test_00_balancing_with_one_training_seed_is_not_decided(tmp_path):
-    imb = pd.DataFrame([dict(run=r, layer=l, batch=b, imbalance=v + 0.01 * b)
-                        for r, v in (("with balancing loss", 0.1), ("no balancing loss", 1.0))
-                        for l in range(3) for b in range(8)])
-    rec = evaluate(_claim(nb00, "balancing_loss_lowers_imbalance"), tables_folder(tmp_path, {"table4_load_imbalance": imb}))
-    assert rec["verdict"] == "inconclusive" and rec["n_seeds"] == 1 and np.isclose(rec["ours"], -0.9)
 
 
 def test_05_bands_selected_on_at_chance_items_gate_the_likelihood_claims(tmp_path):

@@ -49,3 +49,38 @@ def test_wordnet_gloss_pairs():
     assert all("_" not in a for a, _ in pairs)
     with pytest.raises(ValueError, match="n must be"):
         primer.wordnet_gloss_pairs(0)
+
+
+def _tiny_moe():
+    from torch import nn
+
+    from moelab.core.layer import MoELayer
+    torch.manual_seed(0)
+    return nn.Sequential(MoELayer(16, 32, num_experts=4, top_k=2), MoELayer(16, 32, num_experts=4, top_k=2))
+
+
+def test_redraw_routers_draws_each_seeds_routers_and_leaves_the_rest():
+    """A training seed draws the routers (N(0, 0.02^2), from the seed alone); experts and the input model stay."""
+    from moelab.core import moe_layers
+    model = _tiny_moe()
+    before = [lay.router.weight.clone() for lay in moe_layers(model)]
+    a, a2, b = primer.redraw_routers(model, 1), primer.redraw_routers(model, 1), primer.redraw_routers(model, 2)
+    for i, lay in enumerate(moe_layers(model)):
+        assert torch.equal(lay.router.weight, before[i])                                  # input untouched
+        wa, wb = moe_layers(a)[i].router.weight, moe_layers(b)[i].router.weight
+        assert torch.equal(wa, moe_layers(a2)[i].router.weight) and not torch.equal(wa, wb)
+        assert not torch.equal(wa, before[i])
+    assert 0.01 < float(torch.cat([lay.router.weight.detach().ravel() for lay in moe_layers(a)]).std()) < 0.03
+    for pa, pm in zip(moe_layers(a)[0].experts.parameters(), moe_layers(model)[0].experts.parameters()):
+        assert torch.equal(pa, pm)
+
+
+def test_router_change_is_the_relative_frobenius_distance():
+    from moelab.core import moe_layers
+    model = _tiny_moe()
+    moved = primer.redraw_routers(model, 0)
+    assert primer.router_change(model, model) == [0.0, 0.0]
+    got = primer.router_change(model, moved)
+    want = [float((m.router.weight - b.router.weight).norm() / b.router.weight.norm())
+            for b, m in zip(moe_layers(model), moe_layers(moved))]
+    assert np.allclose(got, want) and all(g > 0.5 for g in got)

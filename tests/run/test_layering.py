@@ -154,9 +154,9 @@ def test_the_claims_engine_imports_no_paper_package(path):
 def test_the_claims_check_can_fail():
     """Planted violations: a static, a relative-looking, a dynamic and a by-name (string table) route into a paper
     package, and an import of the run layer; the entry script and docstrings may name them."""
-    rebuild, primer, main = LIB / "claims" / "rebuild.py", LIB / "claims" / "engine.py", LIB / "claims" / "__main__.py"
+    rebuild, engine, main = LIB / "claims" / "rebuild.py", LIB / "claims" / "engine.py", LIB / "claims" / "__main__.py"
     assert claims_engine_violations(rebuild, "from moelab.mass import claims\n")
-    assert claims_engine_violations(primer, "from moelab import free_moe\n")
+    assert claims_engine_violations(engine, "from moelab import free_moe\n")
     assert claims_engine_violations(rebuild, "import importlib\nimportlib.import_module('moelab.sba.claims')\n")
     assert claims_engine_violations(rebuild, 'TABLE = {"04_mass": "moelab.mass.claims"}\n')
     assert claims_engine_violations(rebuild, "from moelab.runner.notebook_run import CLAIM_DEFS\n")

@@ -33,6 +33,8 @@ import numpy as np
 
 from moelab.claims import (ByConstruction, Claim, Insufficient, Items, MissingTable, NotInProfile, Options,
                            OutsideRegime, Regime, Unobtainable)
+from moelab.free_moe.config import config_for
+from moelab.free_moe.method import band_label
 from moelab.stats import paired_t_interval
 
 ITEMS = "table1_main-items"            # per test item, method and metric, our gated selection (BASELINE here)
@@ -237,8 +239,6 @@ def pair_evidence(task: str, metric: str, a: str, b: str, table: str = ITEMS, se
 # ---------------------------------------------------------------- the paper's rule (Algorithm 1, no gate)
 def _ablation_grid(T) -> tuple:
     """Labels of the bands the full profile's Tables 3-5 re-selections sweep (``config.ablate_bands``)."""
-    from moelab.free_moe.config import config_for
-    from moelab.free_moe.method import band_label
     return tuple(band_label(b) for b in config_for(T.profile or "default").grid_bands("ablate_bands"))
 
 

@@ -24,8 +24,10 @@ class PrimerProfile:
     ``layers`` ("every_other": 1, 3, 5). Data: ``n_train`` WordNet (lemma, gloss) training pairs and ``n_eval``
     held-out ones (the first ``n_eval_loss`` of them for the held-out contrastive loss). Training: ``steps`` steps of
     ``batch`` pairs, routers at ``router_lr``, experts at ``expert_lr``, ``warmup_frac`` warm-up, the balancing run
-    with ``aux_coef``, evaluated every ``eval_every`` steps. Top-p thresholds ``top_p``; dispatch timing at
-    ``timing_tokens`` tokens, ``timing_repeats`` repeats each."""
+    with ``aux_coef``, evaluated every ``eval_every`` steps; both arms are trained for each of ``seeds`` training
+    seeds (the seed draws the routers, the batch order and dropout; the balancing comparison is paired by seed and
+    needs 3 to be decided). Top-p thresholds ``top_p``; dispatch timing at ``timing_tokens`` tokens,
+    ``timing_repeats`` repeats each."""
     name: str
     n_train: int
     steps: int
@@ -43,7 +45,7 @@ class PrimerProfile:
     eval_every: int = 20
     timing_tokens: tuple = (64, 256)
     timing_repeats: int = 3
-    seeds: int = 1
+    seeds: int = 3
 
     def __post_init__(self):
         check_profile(self.name)
@@ -52,6 +54,8 @@ class PrimerProfile:
                              "the first n_eval_loss held-out pairs")
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k={self.top_k} > num_experts={self.num_experts}")
+        if self.seeds < 1:
+            raise ValueError(f"seeds={self.seeds}: train at least one seed per arm")
 
     def settings(self) -> dict:
         """The settings as the notebook saves them (``config.json``: the same keys, in the same order, as before the
@@ -65,7 +69,7 @@ _FULL = dict(n_train=6400, steps=200, batch=32, eval_every=25, timing_tokens=(64
 
 PROFILES = {
     "smoke": PrimerProfile("smoke", n_train=64, steps=4, batch=8, n_eval=64, n_eval_loss=32, eval_every=2,
-                           timing_tokens=(32, 64), timing_repeats=1),
+                           timing_tokens=(32, 64), timing_repeats=1, seeds=1),
     "default": PrimerProfile("default", n_train=1280, steps=40),
     "full": PrimerProfile("full", **_FULL),
     "paper": PrimerProfile("paper", **_FULL),
@@ -92,6 +96,7 @@ def profile_table(current: str | None = None) -> pd.DataFrame:
         cols[n + (" (this run)" if n == current else "")] = dict(
             model="all-MiniLM-L6-v2", moe_layers=f"layers 1, 3, 5; {p.num_experts} experts, top-{p.top_k}",
             data=f"WordNet noun (lemma, gloss) pairs: {p.n_train} train, {p.n_eval} held-out",
-            training=f"{p.steps} steps of {p.batch} pairs x 2 runs (balancing coefficient {p.aux_coef:g})",
+            training=f"{p.steps} steps of {p.batch} pairs x 2 arms x {p.seeds} seed(s) (balancing coefficient "
+                     f"{p.aux_coef:g})",
             seeds=str(p.seeds), timing_tokens=", ".join(map(str, p.timing_tokens)))
     return pd.DataFrame(cols).fillna("-").rename_axis("setting").reset_index()

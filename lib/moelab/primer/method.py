@@ -11,6 +11,7 @@ import copy
 import random
 import re
 import time
+from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -28,7 +29,8 @@ from moelab.train import TrainConfig, train
 __all__ = ["wordnet_gloss_pairs", "load_minilm_hf", "embed", "contrastive_loss_fn", "routing_table", "expert_load",
            "load_imbalance", "train_only_moe", "moe_param_groups", "two_vector_aggregation", "time_dispatch",
            "router_logits", "active_expert_counts", "real_norm_ratio", "ffn_inputs", "contrastive_eval_fn",
-           "upcycling_equivalence", "train_balancing_runs", "load_tables", "plot_balancing", "plot_routing_weights",
+           "upcycling_equivalence", "ROUTER_INIT_STD", "redraw_routers", "router_change", "BalancingRuns", "ARMS",
+           "train_balancing_runs", "load_tables", "plot_balancing", "plot_routing_weights",
            "plot_active_experts", "plot_aggregation", "dispatch_medians", "plot_dispatch"]
 
 
@@ -317,34 +319,91 @@ def upcycling_equivalence(dense, upcycled, tok, texts) -> pd.DataFrame:
                          "cosine": (e_dense * e_moe).sum(-1).numpy()})
 
 
-def train_balancing_runs(upcycled, tok, train_pairs, eval_fn, init_loss: float, *, aux_coef: float, steps: int,
-                         batch: int, router_lr: float, expert_lr: float, warmup_frac: float, eval_every: int,
-                         seed: int):
-    """Section 2 of notebook 00: two copies of ``upcycled`` trained through :func:`moelab.train.train` (MoE layers
-    only, routers at ``router_lr``, experts at ``expert_lr``), once without and once with ``aux_coef`` x the Switch
-    balancing loss, same seed and batches. Returns (models by run name, per-step history, held-out loss history
-    starting with ``init_loss`` at step 0 for both)."""
-    runs, histories = {}, []
-    evals = [pd.DataFrame({"step": [0], "heldout_contrastive": [init_loss], "run": ["both"]})]
-    for name, coef in (("no balancing loss", 0.0), ("with balancing loss", aux_coef)):
-        model = copy.deepcopy(upcycled)
-        train_only_moe(model)
-        loader = torch.utils.data.DataLoader(train_pairs, batch_size=batch, shuffle=True, collate_fn=list)
-        res = train(model, loader, loss_fn=contrastive_loss_fn(tok, aux_coef=coef),
-                    cfg=TrainConfig(lr=router_lr, steps=steps, warmup_frac=warmup_frac, seed=seed,
-                                    eval_every=eval_every, desc=name), eval_fn=eval_fn,
-                    param_groups=moe_param_groups(model, router_lr, expert_lr))
-        runs[name] = res.model
-        histories.append(res.history.assign(run=name))
-        evals.append(res.eval_history.assign(run=name))
-    return runs, pd.concat(histories, ignore_index=True), pd.concat(evals, ignore_index=True)
+# the router initialisation of moelab.core's LinearRouter (N(0, 0.02^2)), redrawn per training seed
+ROUTER_INIT_STD = 0.02
+
+
+@torch.no_grad()
+def redraw_routers(model, seed: int, std: float = ROUTER_INIT_STD):
+    """A copy of the upcycled ``model`` whose routers are drawn afresh from N(0, ``std``^2) with ``seed`` (a
+    generator of its own, so the draw depends on ``seed`` alone): the object a training seed draws. The experts stay
+    copies of the dense FFN, so the copy still equals the dense model (section 1)."""
+    model = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(int(seed))
+    for layer in moe_layers(model):
+        w = layer.router.weight
+        w.copy_(torch.randn(w.shape, generator=g, dtype=w.dtype) * std)
+    return model
+
+
+@torch.no_grad()
+def router_change(before, after) -> list[float]:
+    """Per MoE layer: how far training moved the router, ||W_after - W_before||_F / ||W_before||_F."""
+    return [float((a.router.weight - b.router.weight).norm() / b.router.weight.norm())
+            for b, a in zip(moe_layers(before), moe_layers(after))]
+
+
+@dataclass
+class BalancingRuns:
+    """What :func:`train_balancing_runs` returns: ``inits`` (seed -> upcycled model with that seed's router draw),
+    ``runs`` ((seed, arm) -> trained model), ``history`` (per-step metrics, columns ``seed`` and ``run``),
+    ``heldout`` (held-out contrastive loss: step 0 is the seed's model at initialisation, run ``both``, = dense
+    MiniLM) and ``router_change`` (per seed, arm and MoE layer: ``rel_change`` of :func:`router_change`)."""
+    inits: dict
+    runs: dict
+    history: pd.DataFrame
+    heldout: pd.DataFrame
+    router_change: pd.DataFrame
+
+    def models(self) -> dict:
+        """(seed, run) -> model for every seed: ``at initialisation`` and both arms (for :func:`load_tables`)."""
+        out = {}
+        for seed, init in self.inits.items():
+            out[(seed, "at initialisation")] = init
+            out.update({k: m for k, m in self.runs.items() if k[0] == seed})
+        return out
+
+
+ARMS = ("no balancing loss", "with balancing loss")
+
+
+def train_balancing_runs(upcycled, tok, train_pairs, eval_fn, *, seeds, aux_coef: float, steps: int, batch: int,
+                         router_lr: float, expert_lr: float, warmup_frac: float, eval_every: int) -> BalancingRuns:
+    """Section 2 of notebook 00: for every training seed, the routers of ``upcycled`` are redrawn with the seed
+    (:func:`redraw_routers`) and two copies trained through :func:`moelab.train.train` (MoE layers only, routers at
+    ``router_lr``, experts at ``expert_lr``), once without and once with ``aux_coef`` x the Switch balancing loss:
+    the two arms of a seed share its router draw, batches and dropout (a paired comparison by seed)."""
+    if not seeds or len(set(seeds)) != len(list(seeds)):
+        raise ValueError(f"seeds must be distinct training seeds, got {seeds!r}")
+    inits, runs, histories, evals, moved = {}, {}, [], [], []
+    for seed in seeds:
+        init = inits[seed] = redraw_routers(upcycled, seed)
+        loss0 = eval_fn(init.eval())["heldout_contrastive"]
+        evals.append(pd.DataFrame({"seed": [seed], "step": [0], "heldout_contrastive": [loss0], "run": ["both"]}))
+        for name, coef in zip(ARMS, (0.0, aux_coef)):
+            model = copy.deepcopy(init)
+            train_only_moe(model)
+            loader = torch.utils.data.DataLoader(train_pairs, batch_size=batch, shuffle=True, collate_fn=list)
+            res = train(model, loader, loss_fn=contrastive_loss_fn(tok, aux_coef=coef),
+                        cfg=TrainConfig(lr=router_lr, steps=steps, warmup_frac=warmup_frac, seed=seed,
+                                        eval_every=eval_every, desc=f"{name}, seed {seed}"), eval_fn=eval_fn,
+                        param_groups=moe_param_groups(model, router_lr, expert_lr))
+            runs[(seed, name)] = res.model
+            histories.append(res.history.assign(seed=seed, run=name))
+            evals.append(res.eval_history.assign(seed=seed, run=name))
+            moved += [{"seed": seed, "run": name, "layer": i, "rel_change": c}
+                      for i, c in enumerate(router_change(init, res.model))]
+    return BalancingRuns(inits, runs, pd.concat(histories, ignore_index=True), pd.concat(evals, ignore_index=True),
+                         pd.DataFrame(moved))
 
 
 def load_tables(models: dict, tok, texts) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Expert load of every model on held-out ``texts`` (:func:`expert_load`, column ``run``) and its imbalance per
-    (run, layer, batch): the coefficient of variation of the load (:func:`load_imbalance`)."""
-    load = pd.concat([expert_load(m, tok, texts).assign(run=name) for name, m in models.items()])
-    imb = (load.groupby(["run", "layer", "batch"]).load.apply(_imbalance_of).rename("imbalance").reset_index())
+    """Expert load of every model on held-out ``texts`` (:func:`expert_load`; ``models`` maps (seed, run) -> model,
+    columns ``seed`` and ``run``) and its imbalance per (seed, run, layer, batch): the coefficient of variation of
+    the load (:func:`load_imbalance`)."""
+    load = pd.concat([expert_load(m, tok, texts).assign(seed=seed, run=name) for (seed, name), m in models.items()])
+    imb = (load.groupby(["seed", "run", "layer", "batch"]).load.apply(_imbalance_of).rename("imbalance")
+           .reset_index())
     return load, imb
 
 
@@ -353,22 +412,34 @@ def _imbalance_of(s: pd.Series) -> float:
 
 
 def plot_balancing(history, heldout, load, runs_order, num_experts: int):
-    """Fig. 1 of notebook 00: contrastive loss (training batches faint, held-out dots), load imbalance while
-    training, and the held-out load per expert of the last MoE layer (dashed: the uniform share 1/E)."""
+    """Fig. 1 of notebook 00, means over the training seeds: contrastive loss (training batches faint, held-out
+    dots), load imbalance while training (thin: each seed), and the held-out load of the last MoE layer by expert
+    rank (each seed's experts sorted by load, then averaged: expert ids are arbitrary per seed; dashed: 1/E)."""
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
     imb_cols = [c for c in history.columns if c.startswith("imbalance_L")]
+    history = history.assign(imbalance=history[imb_cols].mean(axis=1))
+    colors = {"at initialisation": "0.6"}
     for name, h in history.groupby("run"):
-        axes[0].plot(h.step, h.contrastive, alpha=0.35, lw=1)
-        e = heldout[heldout.run.isin([name, "both"])]
-        axes[0].plot(e.step, e.heldout_contrastive, "o-", color=axes[0].lines[-1].get_color(),
-                     label=f"{name} (held-out)")
-        axes[1].plot(h.step, h[imb_cols].mean(axis=1), label=name)
-    axes[0].set(xlabel="step", ylabel="contrastive loss", title="loss: training batches (faint), held-out (dots)")
+        mean = h.groupby("step")[["contrastive", "imbalance"]].mean()
+        axes[0].plot(mean.index, mean.contrastive, alpha=0.35, lw=1)
+        color = colors[name] = axes[0].lines[-1].get_color()
+        e = heldout[heldout.run.isin([name, "both"])].groupby("step").heldout_contrastive.mean()
+        axes[0].plot(e.index, e.values, "o-", color=color, label=f"{name} (held-out)")
+        for _, hs in h.groupby("seed"):
+            axes[1].plot(hs.step, hs.imbalance, color=color, lw=0.6, alpha=0.4)
+        axes[1].plot(mean.index, mean.imbalance, color=color, lw=2, label=name)
+    n_seeds = history.seed.nunique()
+    axes[0].set(xlabel="step", ylabel="contrastive loss",
+                title=f"loss: training batches (faint), held-out (dots); mean of {n_seeds} seed(s)")
     axes[1].set(xlabel="step", ylabel="mean CV of expert load", title="load imbalance while training")
     last = load[load.layer == load.layer.max()]  # expert ids are per layer: show the last MoE layer
-    last.groupby(["run", "expert"]).load.mean().unstack(0)[list(runs_order)].plot.bar(ax=axes[2], rot=0)
+    share = last.groupby(["seed", "run", "expert"]).load.mean().rename("share").reset_index()
+    share["rank"] = share.groupby(["seed", "run"]).share.rank(ascending=False, method="first").astype(int)
+    share.groupby(["run", "rank"]).share.mean().unstack(0)[list(runs_order)].plot.bar(
+        ax=axes[2], rot=0, color=[colors.get(r, "k") for r in runs_order])
     axes[2].axhline(1 / num_experts, color="k", lw=0.8, ls="--")  # uniform share 1/E
-    axes[2].set(ylabel="share of token-slots", title="held-out load per expert, last MoE layer")
+    axes[2].set(xlabel="expert rank (by load)", ylabel="share of token-slots",
+                title="held-out load by expert rank, last MoE layer")
     axes[0].legend()
     fig.tight_layout()
     return fig
