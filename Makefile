@@ -43,7 +43,7 @@ assets-gemma: setup
 	$(PY) -m moelab.assets install --gemma
 
 figures: assets-gemma
-	$(PY) -m moelab.runner run --profile $(PROFILE) $(if $(NB),--only $(NB)) $(if $(COLD),--cold) --params "$$P"
+	$(PY) -m moelab.runner run --profile $(PROFILE) $(if $(NB),--only $(NB)) $(if $(COLD),--cold) --jobs $(JOBS) --params "$$P"
 
 smoke: assets
 	$(PY) -m moelab.runner run --profile smoke --force --no-progress $(if $(NB),--only $(NB))
