@@ -219,17 +219,16 @@ def hardware() -> dict:
 
 
 def peak_rss_mib() -> dict:
-    """Peak resident memory of this process and of its largest finished child process, in MiB
-    (``resource.getrusage``; ``{}`` where the module is missing). Inside a runner kernel this is the notebook's own
-    peak: issue 49 runs two kernels side by side and records each one's peak in ``provenance.json`` (``memory``), so
-    that two lanes are known to fit the machine's memory."""
+    """``{"peak_rss_mib": ...}``: the peak resident memory of this process (``resource.getrusage``; ``{}`` where the
+    module is missing). Inside a runner kernel this is the notebook's own peak: issue 49 runs two kernels side by side
+    and records each one's peak in ``provenance.json`` (``memory``), so that two lanes are known to fit the machine.
+    (The children's figure is left out: on Linux a forked child counts the memory of the parent it was forked from.)"""
     try:
         import resource
     except ImportError:  # pragma: no cover - not on POSIX
         return {}
     per_mib = 2 ** 20 if sys.platform == "darwin" else 2 ** 10   # ru_maxrss: bytes on macOS, KiB on Linux
-    return {"peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / per_mib, 1),
-            "children_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / per_mib, 1)}
+    return {"peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / per_mib, 1)}
 
 
 # How provenance's ``sources`` identify a file. "ast-v1": moelab modules by :func:`moelab.cache.source_digest` (the
