@@ -13,6 +13,8 @@ P ?=
 COLD ?=
 # P reaches the runner whole through the environment (values may hold spaces and quotes); it splits before each NAME=
 export P
+# JOBS: notebooks `make figures` runs side by side, each on one torch thread (issue 49; docs/running.md), and pytest's
+# workers
 JOBS ?= 2
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1

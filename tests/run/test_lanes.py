@@ -3,6 +3,7 @@ times their folders recorded, one torch thread each, a log per notebook; a faili
 lane; Ctrl-C during a two-lane publish leaves ``figures/`` as it was and no kernel running; ``--jobs 1`` is the
 single-lane runner as before. The lane tests run tiny notebooks with the real runner (papermill, real kernels); their
 claim definitions are an empty list registered by the notebook itself, so that publishing needs no paper's claims."""
+import io
 import json
 import os
 import re
@@ -73,6 +74,32 @@ def test_longest_first_by_the_recorded_wall_times(runner, monkeypatch):
         assert spec["publish"] is not bool(extra) and tasks[0].log == runner / "runs" / "default" / "02_c.log"
     env = lanes.lane_env({"OMP_NUM_THREADS": "8"})
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "1"
+
+
+def test_status_lines_redraw_in_place_on_a_terminal_and_print_once_a_minute_into_a_log(monkeypatch):
+    """One line per running notebook (name, cell i/n, elapsed, time left from the last recorded run); on a terminal
+    the block is redrawn in place (events print above it), into a log it is printed every LOG_EVERY_S seconds."""
+    line = lanes.status_line("02_sba", {"cell": 12, "cells": 40}, 303, 915)
+    assert line.split() == ["02_sba", "cell", "12/40", "5:03", "elapsed", "~10:12", "left", "(last", "run", "15:15)"]
+    assert "starting" in lanes.status_line("02_sba", {}, 3, None) and "unknown" in lanes.status_line("x", {}, 3, None)
+    assert "past the last run's 1:00" in lanes.status_line("x", {"cell": 1, "cells": 2}, 75, 60)
+    assert lanes.clock(3723) == "1:02:03"
+    out = io.StringIO()
+    board = lanes.Board(out, tty=True)
+    board.show(["a 1", "b 1"])
+    board.show(["a 2", "b 2"])
+    board.event("a: ok")
+    assert out.getvalue() == "a 1\nb 1\n\x1b[2F\x1b[Ja 2\nb 2\n\x1b[2F\x1b[Ja: ok\n"
+    log = io.StringIO()
+    board = lanes.Board(log, tty=False)
+    board.show(["a 1"])
+    assert log.getvalue() == ""
+    monkeypatch.setattr(lanes, "LOG_EVERY_S", 0.0)
+    board.show(["a 2"])
+    assert log.getvalue() == "  .. a 2\n"
+    quiet = io.StringIO()
+    lanes.Board(quiet, live=False, tty=True).show(["a 1"])
+    assert quiet.getvalue() == ""
 
 
 def test_jobs_1_is_the_single_lane_runner_as_before(runner, monkeypatch, capsys):

@@ -1,7 +1,7 @@
 """Notebook runner behind ``make figures`` / ``make test``.
 
     python -m moelab.runner run --profile default [--only 03 [04 ...]] [--force] [--fail-fast] [--scratch]
-                                [-p NAME=VALUE ...]
+                                [--jobs N] [-p NAME=VALUE ...]
     python -m moelab.runner list
     python -m moelab.runner stale        # committed figures whose sources changed since they were produced
     python -m moelab.runner readme       # regenerate README's results table from the claims files
@@ -25,6 +25,10 @@ source and imported moelab modules are unchanged (content hashes in its ``proven
 ``--force``. Every run also writes the executed notebook as ``notebook.md`` into its output folder (published with the
 figures: :mod:`moelab.runner.markdown`); ``notebook-md FOLDER`` rewrites it from the kept executed notebook, and ``timings``
 regenerates ``docs/timings.md`` from the committed ``provenance.json`` files.
+
+``--jobs N`` (issue 49; ``make figures`` passes ``JOBS``, 2 by default) runs N notebooks side by side, longest first,
+each in a process of its own on one torch thread with its output in ``runs/<profile>/<nb>.log``
+(:mod:`moelab.runner.lanes`); ``--jobs 1``, the default here, is the one-at-a-time runner described above.
 """
 from __future__ import annotations
 
@@ -341,7 +345,8 @@ def run_in_lanes(a, nbs: list[Path], per_nb: dict[str, dict], publish: bool) -> 
                                 folders[name] / "provenance.json"))
     if tasks:
         print(f"{len(tasks)} notebook(s) in {min(a.jobs, len(tasks))} lane(s), longest first: "
-              + ", ".join(f"{t.name} ({lanes.clock(t.expected_s)})" for t in tasks), flush=True)
+              + ", ".join(f"{t.name} ({'last ' + lanes.clock(t.expected_s) if t.expected_s else 'no time recorded'})"
+                          for t in tasks), flush=True)
     results, interrupted = lanes.run_lanes(tasks, a.jobs, live=not a.no_progress, fail_fast=a.fail_fast)
     if publish:   # a stopped lane's kernel is dead now: its staging folder goes
         for name in folders:
