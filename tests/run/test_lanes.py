@@ -144,7 +144,8 @@ def test_a_failing_notebook_does_not_stop_the_other_lane(runner, capfd):
     the lane count, one torch thread and its peak memory in its provenance), B's published folder stays as it was,
     and the run exits 1 naming B, the cell it failed in and its log."""
     status_b = runner / "runs" / "default" / f"{B}.status.json"
-    _write_nb(runner / "nbs", A, f"from pathlib import Path\nstatus_b, deadline = Path({str(status_b)!r}), time.time() + 120\n"
+    _write_nb(runner / "nbs", A, f"from pathlib import Path\nstatus_b = Path({str(status_b)!r})\n"
+                                 "deadline = time.time() + 120\n"
                                  "while time.time() < deadline and not (status_b.exists() and "
                                  "'failed' in status_b.read_text()):\n    time.sleep(0.5)\n"
                                  'run.save_table(pd.DataFrame({"a": [1]}), "table1", "x")\nrun.finish()\n')
@@ -232,3 +233,15 @@ def test_ctrl_c_during_a_two_lane_publish_leaves_figures_unchanged(runner, tmp_p
     assert _tree(figures) == before
     time.sleep(0.5)
     assert not _pid_alive(kernel_b) and not any(_pid_alive(p) for p in lane_pids)
+
+
+def test_provenance_records_the_lane_count_and_peak_memory(runner, monkeypatch):
+    """``jobs`` is the runner's lane count (None outside the runner: a JupyterLab run) and ``memory.peak_rss_mib``
+    the kernel's own peak resident memory."""
+    from moelab.runner.notebook_run import JOBS_ENV, NotebookRun
+
+    monkeypatch.delenv(JOBS_ENV, raising=False)
+    prov = NotebookRun(A, "default", publish=False).provenance()
+    assert prov["jobs"] is None and prov["memory"]["peak_rss_mib"] > 10
+    monkeypatch.setenv(JOBS_ENV, "2")
+    assert NotebookRun(A, "default", publish=False).provenance()["jobs"] == 2

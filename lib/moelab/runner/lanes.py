@@ -1,4 +1,4 @@
-"""Lanes: notebooks run side by side, ``python -m moelab.runner run --jobs N`` (issue 49; ``make figures`` has ``JOBS=2``).
+"""Lanes: notebooks side by side, ``python -m moelab.runner run --jobs N`` (issue 49; ``make figures`` has ``JOBS=2``).
 
 The reference machine has two cores and most notebooks run on one torch thread, so one notebook at a time leaves half
 the machine idle. With ``--jobs N`` (N > 1) the runner (:func:`moelab.runner.cli.cmd_run`) starts each notebook in a
