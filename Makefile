@@ -13,6 +13,8 @@ P ?=
 COLD ?=
 # P reaches the runner whole through the environment (values may hold spaces and quotes); it splits before each NAME=
 export P
+# JOBS: notebooks `make figures` runs side by side, each on one torch thread (issue 49; docs/running.md), and pytest's
+# workers
 JOBS ?= 2
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
@@ -43,7 +45,7 @@ assets-gemma: setup
 	$(PY) -m moelab.assets install --gemma
 
 figures: assets-gemma
-	$(PY) -m moelab.runner run --profile $(PROFILE) $(if $(NB),--only $(NB)) $(if $(COLD),--cold) --params "$$P"
+	$(PY) -m moelab.runner run --profile $(PROFILE) $(if $(NB),--only $(NB)) $(if $(COLD),--cold) --jobs $(JOBS) --params "$$P"
 
 smoke: assets
 	$(PY) -m moelab.runner run --profile smoke --force --no-progress $(if $(NB),--only $(NB))

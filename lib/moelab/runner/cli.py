@@ -1,7 +1,7 @@
 """Notebook runner behind ``make figures`` / ``make test``.
 
     python -m moelab.runner run --profile default [--only 03 [04 ...]] [--force] [--fail-fast] [--scratch]
-                                [-p NAME=VALUE ...]
+                                [--jobs N] [-p NAME=VALUE ...]
     python -m moelab.runner list
     python -m moelab.runner stale        # committed figures whose sources changed since they were produced
     python -m moelab.runner readme       # regenerate README's results table from the claims files
@@ -25,6 +25,10 @@ source and imported moelab modules are unchanged (content hashes in its ``proven
 ``--force``. Every run also writes the executed notebook as ``notebook.md`` into its output folder (published with the
 figures: :mod:`moelab.runner.markdown`); ``notebook-md FOLDER`` rewrites it from the kept executed notebook, and ``timings``
 regenerates ``docs/timings.md`` from the committed ``provenance.json`` files.
+
+``--jobs N`` (issue 49; ``make figures`` passes ``JOBS``, 2 by default) runs N notebooks side by side, longest first,
+each in a process of its own on one torch thread with its output in ``runs/<profile>/<nb>.log``
+(:mod:`moelab.runner.lanes`); ``--jobs 1``, the default here, is the one-at-a-time runner described above.
 """
 from __future__ import annotations
 
@@ -37,14 +41,16 @@ import re
 import shutil
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from moelab.cache import adopt_entries, cache_root
 from moelab.claims import rebuild as claims_rebuild
 from moelab.claims import scorecard_markdown
 from moelab.claims.verdict_summary import results_markdown
+from moelab.runner import lanes
 from moelab.runner.markdown import MD_NAME, write_notebook_md
-from moelab.runner.notebook_run import (FIGURE_LINKS_ENV, OWNER_ENV, PARAMS_ENV, REPO_ROOT, claim_defs,
+from moelab.runner.notebook_run import (FIGURE_LINKS_ENV, JOBS_ENV, OWNER_ENV, PARAMS_ENV, REPO_ROOT, claim_defs,
                                         dirty_sources, figures_root, git_commit, is_verdict_code, output_dir,
                                         publish_dir, recover_published, source_id, staging_dir, write_index)
 from moelab.profiles import PROFILES, check_profile
@@ -185,16 +191,20 @@ def _env(**values):
 
 
 def run_one(src: Path, profile: str, seed: int = 0, progress: bool = True, timeout: int | None = None,
-            publish: bool = True, params: dict | None = None) -> float:
+            publish: bool = True, params: dict | None = None, jobs: int = 1, runs: Path | None = None,
+            engine: dict | None = None) -> float:
     """Execute one notebook; returns its wall time. Raises ``papermill.PapermillExecutionError`` if a cell fails.
 
     ``publish`` is passed to the kernel as ``MOELAB_PUBLISH`` (``NotebookRun`` reads it); with ``progress`` the
-    kernel's output (progress bars included) is forwarded to this terminal."""
+    kernel's output (progress bars included) is forwarded to this terminal (a lane's log file under ``--jobs``).
+    ``jobs`` (the lane count, issue 49) reaches the kernel's provenance; ``runs`` replaces :data:`RUNS` (a lane's
+    process gets it from the runner); ``engine`` names a papermill engine and its arguments (a lane's status file:
+    :mod:`moelab.runner.lanes`)."""
     import papermill as pm
 
     from traitlets.config import Config
 
-    out_dir = RUNS / profile
+    out_dir = (runs or RUNS) / profile
     inp = to_ipynb(src, out_dir / f"{src.stem}.input.ipynb")
     out = out_dir / f"{src.stem}.ipynb"
     work = out_dir / "work"
@@ -209,13 +219,15 @@ def run_one(src: Path, profile: str, seed: int = 0, progress: bool = True, timeo
     # the kernel listens on local sockets (IPC), not TCP: nothing to encrypt, and no "running over TCP without
     # encryption" warning on every run
     kernel_config = Config({"KernelManager": {"transport": "ipc"}})
+    if jobs > 1:   # lanes start kernels at once in the same folder: sockets of their own (kernel-<pid>-ipc-<n>)
+        kernel_config.KernelManager.ip = f"kernel-{os.getpid()}-ipc"
     env = {"MOELAB_PUBLISH": int(publish), "MOELAB_PROGRESS": bars, PARAMS_ENV: json.dumps(params or {}, default=str),
-           OWNER_ENV: os.getpid(), FIGURE_LINKS_ENV: 1}
+           OWNER_ENV: os.getpid(), FIGURE_LINKS_ENV: 1, JOBS_ENV: jobs}
     with _env(**env):
         try:
             pm.execute_notebook(str(inp), str(out), parameters={"PROFILE": profile, "SEED": seed, **(params or {})},
                                 kernel_name="python3", progress_bar=False, cwd=str(work),
-                                execution_timeout=timeout, config=kernel_config, **stream)
+                                execution_timeout=timeout, config=kernel_config, **stream, **(engine or {}))
             if publish:   # finish() handed its staging folder over: add the Markdown, then swap it in
                 staged = staging_dir(final, os.getpid())
                 if not staged.is_dir():
@@ -231,6 +243,23 @@ def run_one(src: Path, profile: str, seed: int = 0, progress: bool = True, timeo
     return time.time() - t0
 
 
+def _skip_current(src: Path, a, params: dict, publish: bool, label: str) -> bool:
+    """Whether ``src`` is current for this request (:func:`run_current`) and so skipped (unless ``--force`` or
+    ``--cold``): a published one gets its claims recomputed from its saved tables. Removes a killed earlier run's
+    staging folder either way."""
+    folder = output_dir(src.stem, a.profile, publish)
+    if publish:   # a killed earlier run's staging folder goes now, whether this one runs or is skipped
+        recover_published(folder, a.profile)
+    current, _ = run_current(folder / "provenance.json", a.seed, params)
+    if not current or a.force or a.cold:
+        return False
+    if publish:   # the claim definitions may have changed since: recompute from the saved tables
+        claims_rebuild(folder, defs=claim_defs)
+    print(f"{label} {src.stem}: up to date for profile {a.profile} (skip; --force reruns; claims "
+          f"recomputed from the saved tables)", flush=True)
+    return True
+
+
 def cmd_run(a) -> int:
     check_profile(a.profile)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -240,30 +269,27 @@ def cmd_run(a) -> int:
     os.environ.setdefault("MPLBACKEND", "Agg")
     params = parse_params(a.param + [p for text in a.params for p in split_params(text)])
     publish = not a.scratch and a.profile != "smoke"
+    if a.jobs < 1:
+        raise ValueError(f"--jobs takes a count of notebooks to run side by side (1 or more), got {a.jobs}")
     nbs = discover(a.only)
     if not nbs:
         print("no notebooks found in notebooks/")
         return 0
     per_nb = params_for(nbs, params)
     where = "publishing into figures/" if publish else f"scratch outputs in {output_dir('NN', a.profile, False).parent}"
-    print(f"profile {a.profile}: {where}" + (f"; parameters {params}" if params else ""), flush=True)
+    print(f"profile {a.profile}: {where}" + (f"; parameters {params}" if params else "")
+          + (f"; {a.jobs} lanes, one torch thread per notebook" if a.jobs > 1 else ""), flush=True)
     dirty = dirty_sources() if publish else []
     if dirty:
         print("WARNING " + "!" * 60 + f"\nWARNING: publishing from a working tree whose sources differ from the commit "
               f"({len(dirty)} file(s)): the provenance of these figures will say {git_commit()}.\nWARNING: commit "
               f"first for a reproducible record. Changed: {', '.join(d[3:] for d in dirty[:8])}"
               f"{' ...' if len(dirty) > 8 else ''}\nWARNING " + "!" * 60, file=sys.stderr, flush=True)
+    if a.jobs > 1:
+        return run_in_lanes(a, nbs, per_nb, publish)
     results, failed = [], []
     for i, src in enumerate(nbs, 1):
-        folder = output_dir(src.stem, a.profile, publish)
-        if publish:   # a killed earlier run's staging folder goes now, whether this one runs or is skipped
-            recover_published(folder, a.profile)
-        current, _ = run_current(folder / "provenance.json", a.seed, per_nb[src.stem])
-        if current and not (a.force or a.cold):
-            if publish:   # the claim definitions may have changed since: recompute from the saved tables
-                claims_rebuild(folder, defs=claim_defs)
-            print(f"[{i}/{len(nbs)}] {src.stem}: up to date for profile {a.profile} (skip; --force reruns; claims "
-                  f"recomputed from the saved tables)", flush=True)
+        if _skip_current(src, a, per_nb[src.stem], publish, f"[{i}/{len(nbs)}]"):
             results.append((src.stem, "skipped", 0.0))
             continue
         print(f"[{i}/{len(nbs)}] {src.stem}: running profile {a.profile}"
@@ -293,6 +319,83 @@ def cmd_run(a) -> int:
     if publish and any(st == "ok" for _, st, _ in results):
         write_timings()
     return 1 if failed else 0
+
+
+def run_in_lanes(a, nbs: list[Path], per_nb: dict[str, dict], publish: bool) -> int:
+    """``run --jobs N`` with N > 1 (issue 49): skip the current notebooks (as one lane does), run the others in N
+    lanes longest first (:mod:`moelab.runner.lanes`: each in a process of its own on one torch thread, its output in
+    ``runs/<profile>/<nb>.log``), then print the table of what ran and, as one lane does, regenerate the results and
+    timings. Exits 1 naming each failed notebook and its log, 130 after Ctrl-C (every published folder of a stopped
+    notebook as it was)."""
+    todo = [src for i, src in enumerate(nbs, 1)
+            if not _skip_current(src, a, per_nb[src.stem], publish, f"[{i}/{len(nbs)}]")]
+    skipped = [src.stem for src in nbs if src not in todo]
+    folders = {src.stem: output_dir(src.stem, a.profile, publish) for src in todo}
+    walls = {name: lanes.recorded_wall(f / "provenance.json") or lanes.recorded_wall(
+        output_dir(name, a.profile, True) / "provenance.json") for name, f in folders.items()}
+    by_name = {src.stem: src for src in todo}
+    logs = RUNS / a.profile
+    tasks = []
+    for name in lanes.longest_first(list(by_name), walls):
+        spec = {"src": str(by_name[name]), "profile": a.profile, "seed": a.seed, "params": per_nb[name],
+                "publish": publish, "progress": not a.no_progress, "timeout": a.cell_timeout, "cold": a.cold,
+                "jobs": a.jobs, "runs": str(RUNS), "status": str(logs / f"{name}.status.json")}
+        tasks.append(lanes.Task(name, [sys.executable, "-m", "moelab.runner", "_lane", json.dumps(spec, default=str)],
+                                logs / f"{name}.log", logs / f"{name}.status.json", walls[name],
+                                folders[name] / "provenance.json"))
+    if tasks:
+        print(f"{len(tasks)} notebook(s) in {min(a.jobs, len(tasks))} lane(s), longest first: "
+              + ", ".join(f"{t.name} ({'last ' + lanes.clock(t.expected_s) if t.expected_s else 'no time recorded'})"
+                          for t in tasks), flush=True)
+    results, interrupted = lanes.run_lanes(tasks, a.jobs, live=not a.no_progress, fail_fast=a.fail_fast)
+    if publish:   # a stopped lane's kernel is dead now: its staging folder goes
+        for name in folders:
+            recover_published(folders[name], a.profile)
+    print("\n" + lanes.summary_table(results, skipped))
+    print(f"executed notebooks and logs: {logs}")
+    ok = [r for r in results if r.status == "ok"]
+    if publish and ok:   # two lanes may have published at once: one last index over every folder
+        write_index(figures_root())
+    if interrupted:
+        print("interrupted: the notebooks stopped left their published folders as they were", flush=True)
+        return 130
+    failed = [r for r in results if r.status == "FAILED"]
+    if publish and not failed:
+        write_readme_results()
+    if publish and ok:
+        write_timings()
+    for r in failed:
+        print(f"FAILED: {r.name}" + (f" at {r.where}" if r.where else "") + f"; log {r.log}", flush=True)
+    return 1 if failed else 0
+
+
+def cmd_lane(a) -> int:
+    """One notebook of a ``run --jobs N`` (issue 49), in a process of its own that :func:`moelab.runner.lanes.run_lanes`
+    started with its output going to the notebook's log: :func:`run_one` (in a cold cache of its own with
+    ``--cold``) under the lane engine, which writes the cell it starts into the lane's status file; the outcome (ok,
+    failed with the error's last lines, interrupted) goes there too. Exits 0, 1 (failed) or 130 (stopped by the
+    runner: SIGTERM, :func:`moelab.runner.lanes.catch_stop`)."""
+    spec = json.loads(a.spec)
+    lanes.catch_stop()
+    src, status, runs = Path(spec["src"]), Path(spec["status"]), Path(spec["runs"])
+    t0 = time.time()
+    lanes.write_status(status, state="running", pid=os.getpid())
+    try:
+        with cold_run(runs / "cold" / src.stem) if spec["cold"] else contextlib.nullcontext():
+            wall = run_one(src, spec["profile"], seed=spec["seed"], progress=spec["progress"], timeout=spec["timeout"],
+                           publish=spec["publish"], params=spec["params"], jobs=spec["jobs"], runs=runs,
+                           engine=lanes.status_engine(status))
+    except KeyboardInterrupt:
+        lanes.write_status(status, state="interrupted", wall=time.time() - t0)
+        print(f"{src.stem}: stopped by the runner", flush=True)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the runner reports it with the log
+        traceback.print_exc()
+        lanes.write_status(status, state="failed", wall=time.time() - t0, error=str(e).strip().splitlines()[-15:])
+        return 1
+    lanes.write_status(status, state="ok", wall=wall)
+    print(f"{src.stem}: ok in {wall:.0f} s", flush=True)
+    return 0
 
 
 def stale_report(root: Path | None = None) -> list[tuple[str, list[str]]]:
@@ -466,7 +569,7 @@ def write_verify_report(path: Path, report: str, force: bool = False) -> bool:
     return True
 
 
-THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+THREAD_VARS = lanes.THREAD_VARS   # OMP_NUM_THREADS, MKL_NUM_THREADS
 
 
 def committed_threads(prov_path: Path) -> dict:
@@ -681,7 +784,8 @@ def _between(text: str, begin: str, end: str, body: str) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m moelab.runner", description="Run the notebook series.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    # `_lane` (one notebook of `run --jobs N`, started by the runner itself) is left out of the usage
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{run,verify,list,stale,readme,notebook-md,timings}")
     r = sub.add_parser("run", help="execute notebooks with papermill")
     r.add_argument("--profile", default="default", help=f"one of {PROFILES}")
     r.add_argument("--only", nargs="+", metavar="NB", help="notebook numbers or names (e.g. 03 04_mass)")
@@ -697,6 +801,9 @@ def main(argv=None) -> int:
                    help="rerun with an empty artifact cache (as on a fresh clone; implies --force), so the recorded "
                         "wall time is a cold one; what it builds is copied into the cache afterwards")
     r.add_argument("--fail-fast", action="store_true")
+    r.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="run N notebooks side by side, longest first, each on one torch thread, each one's output "
+                        "in runs/<profile>/<nb>.log (default 1: one at a time, as before; make figures: JOBS=2)")
     r.add_argument("--no-progress", action="store_true")
     r.add_argument("--cell-timeout", type=int, default=None, help="seconds per cell (default: none)")
     v = sub.add_parser("verify", help="rerun notebooks with an empty artifact cache into scratch and compare claims")
@@ -706,6 +813,8 @@ def main(argv=None) -> int:
     v.add_argument("--no-progress", action="store_true")
     v.add_argument("--write-report", action="store_true",
                    help="write docs/verify/<nb>.md even when it says the same as the file there")
+    lane = sub.add_parser("_lane")
+    lane.add_argument("spec", help="the lane's JSON specification")
     sub.add_parser("list")
     sub.add_parser("stale")
     sub.add_parser("readme")
@@ -715,7 +824,7 @@ def main(argv=None) -> int:
     t = sub.add_parser("timings", help="regenerate docs/timings.md from the committed provenance.json files")
     t.add_argument("--check", action="store_true", help="exit 1 if docs/timings.md is not what it would be")
     a = ap.parse_args(argv)
-    commands = {"run": cmd_run, "verify": cmd_verify, "notebook-md": cmd_notebook_md}
+    commands = {"run": cmd_run, "verify": cmd_verify, "notebook-md": cmd_notebook_md, "_lane": cmd_lane}
     if a.cmd in commands:
         try:
             return commands[a.cmd](a)

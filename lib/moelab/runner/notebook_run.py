@@ -218,6 +218,19 @@ def hardware() -> dict:
     return hw
 
 
+def peak_rss_mib() -> dict:
+    """``{"peak_rss_mib": ...}``: the peak resident memory of this process (``resource.getrusage``; ``{}`` where the
+    module is missing). Inside a runner kernel this is the notebook's own peak: issue 49 runs two kernels side by side
+    and records each one's peak in ``provenance.json`` (``memory``), so that two lanes are known to fit the machine.
+    (The children's figure is left out: on Linux a forked child counts the memory of the parent it was forked from.)"""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on POSIX
+        return {}
+    per_mib = 2 ** 20 if sys.platform == "darwin" else 2 ** 10   # ru_maxrss: bytes on macOS, KiB on Linux
+    return {"peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / per_mib, 1)}
+
+
 # How provenance's ``sources`` identify a file. "ast-v1": moelab modules by :func:`moelab.cache.source_digest` (the
 # normalised AST, as in the cache keys), the notebook by its bytes (its narrative is published with the run).
 # Provenance written before it has no ``source_digest`` field and holds raw sha256 prefixes throughout.
@@ -286,6 +299,8 @@ def source_hashes(notebook: str) -> dict:
 # executed notebook's Markdown), and whether savefig shows a link to the saved PNG (the executed notebook's Markdown
 # then shows each figure from the file the helper wrote).
 PARAMS_ENV, OWNER_ENV, FIGURE_LINKS_ENV = "MOELAB_PARAMS", "MOELAB_PUBLISH_OWNER", "MOELAB_FIGURE_LINKS"
+# ... and how many notebooks it runs side by side (``--jobs``, issue 49), recorded in provenance as ``jobs``
+JOBS_ENV = "MOELAB_JOBS"
 
 
 def runner_params() -> dict | None:
@@ -293,6 +308,13 @@ def runner_params() -> dict | None:
     started in JupyterLab: its parameters are whatever the cell said, so the runner never counts it as current)."""
     raw = os.environ.get(PARAMS_ENV)
     return None if raw is None else json.loads(raw)
+
+
+def runner_jobs() -> int | None:
+    """How many notebooks the runner ran side by side with this one (``--jobs``; issue 49), or None outside the
+    runner. With more than one, every kernel runs on one torch thread (``hardware.torch_threads`` says so)."""
+    raw = os.environ.get(JOBS_ENV)
+    return int(raw) if raw else None
 
 
 def staging_dir(final: Path, pid: int) -> Path:
@@ -339,7 +361,8 @@ class NotebookRun:
                 "commit": git_commit(), "commit_at_start": self.commit_at_start, "packages": package_versions(),
                 "hardware": hardware(),
                 "wall_time_s": round(time.time() - self.t0, 1), "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-                "params": runner_params(), "artifact_cache": self.artifact_cache(), **self._extra}
+                "params": runner_params(), "jobs": runner_jobs(), "memory": peak_rss_mib(),
+                "artifact_cache": self.artifact_cache(), **self._extra}
 
     def artifact_cache(self) -> dict:
         """Artifact-cache use since this run started: ``reused`` entries (built before the run), ``reused_own``
@@ -469,5 +492,7 @@ def write_index(root: Path | None = None) -> Path:
     lines += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in rows]
     path = root / "INDEX.md"
     root.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
+    tmp = root / f".INDEX.md.{os.getpid()}"   # two lanes (issue 49) may publish at once: each writes a whole file
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, path)
     return path
