@@ -725,7 +725,7 @@ CLAIMS: list[Claim] = [
         evidence=lambda T, off=off: k_sweep_pair(T, off),
     ) for side, sign, off in (("fewer", "-", -1), ("more", "+", +1))],
     Claim(
-        id="elbow_e5_at_seven",
+        id="elbow_e5_at_seven", determined_by="initialisation",
         claim="E5's elbow (App. B's SSE diagnostic) is at the paper's seven clusters (extension: our reading of the "
               "method's diagnostic on our instruction mix)",
         paper_ref="none: App. B's elbow on our E5 embeddings beside §5.3's 'seven ... for E5' (the paper's data differ)",
