@@ -59,7 +59,7 @@ def _tables(tmp_path, name: str, extra: dict | None = None, end=END, init=INIT) 
 def test_text_regime_passes_a_working_stand_in_and_fails_each_broken_condition(tmp_path):
     reg = nb03.text_regime("cluster_eesd", "sparse")
     ok = reg(_tables(tmp_path, "ok"))
-    assert ok.passed and "dense parent 41.00" in ok.value and "cluster_eesd 43.50" in ok.value
+    assert ok.passed and "sparse 43.00 vs dense parent 41.00" in ok.value
     # an MoE arm below its dense parent at the end fails (02's linear-arm case; 03's Drop-Upcycling)
     below = {**END, "sparse": [40.0, 40.5, 40.2]}
     r = reg(_tables(tmp_path, "below", end=below))
@@ -67,6 +67,20 @@ def test_text_regime_passes_a_working_stand_in_and_fails_each_broken_condition(t
     # an arm that does not train (end at or below its init) fails
     flat = {**INIT, "cluster_eesd": [43.5, 44.0, 43.0]}
     assert not reg(_tables(tmp_path, "flat", init=flat)).passed
+    # one rule (01, 02, 03): the dense-parent check reads the REFERENCE arm, never the arm whose improvement is the
+    # claim (before: every compared arm, so a tested arm below the dense parent chose "outside the regime")
+    assert reg.reference == ("sparse",)
+    tested_below = {**END, "cluster_eesd": [40.0, 40.5, 40.2]}
+    r = reg(_tables(tmp_path, "tested_below", end=tested_below, init={**INIT, "cluster_eesd": [39.0] * 3}))
+    assert r.passed and "sparse 43.00 vs dense parent 41.00" in r.value and "cluster_eesd 40.23" not in r.value
+    # "best": the other options; against the dense model trained longer: sparse upcycling (the stand-in in general)
+    assert CLAIMS["ablation_both_best"].regime.reference == ("sparse", "cluster", "sparse_eesd")
+    assert CLAIMS["r1_vs_dense_long"].regime.reference == ("sparse",)
+    assert CLAIMS["r1_vs_drop"].regime.reference == ("drop",)
+    for c in nb03.CLAIMS:
+        ref = getattr(c.regime, "reference", None)
+        if c.compare and ref is not None and c.compare[0] != c.compare[1] and c.compare[1] in nb03.MOE_ARMS:
+            assert ref == (c.compare[1],), (c.id, ref)
     # Drop-Upcycling below the dense parent: r1_vs_drop is outside the regime, with the numbers
     end2 = {**END, "drop": [35.0, 36.0, 34.0]}
     rec = evaluate(CLAIMS["r1_vs_drop"], _tables(tmp_path, "drop", end=end2))
@@ -83,9 +97,13 @@ def test_text_regime_on_the_suite_retrieval_benchmark(tmp_path):
     reg = nb03.text_regime("cluster_eesd", "sparse", benchmark="suite_retrieval")
     good = {"dense": [0.50], "sparse": [0.52, 0.53, 0.51], "cluster_eesd": [0.51, 0.52, 0.53]}
     assert reg(_tables(tmp_path, "ok", {nb03.SUITE: suite(good)})).passed
-    bad = {**good, "cluster_eesd": [0.48, 0.49, 0.47]}
+    bad = {**good, "sparse": [0.48, 0.49, 0.47]}
     r = reg(_tables(tmp_path, "bad", {nb03.SUITE: suite(bad)}))
-    assert not r.passed and "cluster_eesd 48.00" in r.value and "dense parent 50.00" in r.value
+    assert not r.passed and "sparse 48.00" in r.value and "dense parent 50.00" in r.value
+    # the tested arm below the dense parent does not decide the label (the committed full run: cluster_eesd below,
+    # sparse 55.58 vs dense 55.48)
+    tested_below = {**good, "cluster_eesd": [0.48, 0.49, 0.47]}
+    assert reg(_tables(tmp_path, "tested_below", {nb03.SUITE: suite(tested_below)})).passed
 
 
 def test_vit_regime_passes_and_fails(tmp_path):
@@ -97,26 +115,30 @@ def test_vit_regime_passes_and_fails(tmp_path):
     T = run_folder(tmp_path / "ok", "03_cluster_upcycling", {nb03.VIT: vit(good)})
     assert reg(T).passed
     assert evaluate(CLAIMS["vit_cifar_ft_vs_sparse"], T)["regime"]["passed"]
-    bad = {**good, "cluster_eesd": [23.0, 23.5, 22.0]}
+    bad = {**good, "sparse": [23.0, 23.5, 22.0]}
     T = run_folder(tmp_path / "bad", "03_cluster_upcycling", {nb03.VIT: vit(bad)})
     assert not reg(T).passed
     assert evaluate(CLAIMS["vit_cifar_ft_vs_sparse"], T)["verdict"] == "outside the regime"
+    # the tested arm below the dense ViT does not choose the label (reference arm only)
+    T = run_folder(tmp_path / "tested_below", "03_cluster_upcycling",
+                   {nb03.VIT: vit({**good, "cluster_eesd": [23.0, 23.5, 22.0]})})
+    assert reg(T).passed
     # against the dense model itself the check reads the upcycling task (Fashion-MNIST test), not the compared one
     assert CLAIMS["vit_cifar_ft_vs_dense"].regime.arms == ("cluster_eesd",)
     fm = vit({"dense": [84.0] * 3, "cluster_eesd": [84.5, 84.6, 84.4]}, task="fmnist_test")
-    T = run_folder(tmp_path / "dense_ok", "03_cluster_upcycling", {nb03.VIT: pd.concat([vit(bad), fm])})
+    T = run_folder(tmp_path / "dense_ok", "03_cluster_upcycling", {nb03.VIT: pd.concat([vit(good), fm])})
     r = evaluate(CLAIMS["vit_cifar_ft_vs_dense"], T)
     assert r["regime"]["passed"] and "fmnist_test" in r["regime"]["check"]
     fm_bad = fm.assign(accuracy=lambda d: d["accuracy"].where(d["method"] == "dense", 83.0))
-    T = run_folder(tmp_path / "dense_bad", "03_cluster_upcycling", {nb03.VIT: pd.concat([vit(bad), fm_bad])})
+    T = run_folder(tmp_path / "dense_bad", "03_cluster_upcycling", {nb03.VIT: pd.concat([vit(good), fm_bad])})
     assert evaluate(CLAIMS["vit_cifar_ft_vs_dense"], T)["verdict"] == "outside the regime"
 
 
 def test_budget_regime_passes_at_the_posters_budget_and_fails_below(tmp_path):
-    def folder(name, steps, batch):
+    def folder(name, steps, batch, end=END):
         runs = pd.DataFrame([dict(method="drop", seed=s, r1_avg=40.0, r1_init_avg=30.0, steps=steps)
                              for s in range(3)])
-        T = _tables(tmp_path, name, {nb03.RUNS: runs})
+        T = _tables(tmp_path, name, {nb03.RUNS: runs}, end=end)
         (T.folder / "config.json").write_text(f'{{"batch_size": {batch}, "steps": {steps}}}')
         return Tables(T.folder)
     ours = nb03.budget_regime(folder("ours", 120, 16))
@@ -124,6 +146,12 @@ def test_budget_regime_passes_at_the_posters_budget_and_fails_below(tmp_path):
     assert nb03.budget_regime(folder("poster", 10_200_000, 128)).passed   # 1.3B samples
     rec = evaluate(CLAIMS["drop_damage_repaired"], folder("ours2", 120, 16))
     assert rec["verdict"] == "outside the regime" and rec["regime"]["passed"] is False
+    assert "no CPU profile reaches it" in rec["regime"]["value"]
+    # passable: a run at the paper profile's budget (1.3B samples) with Drop above the dense model decides
+    repaired = {**END, "drop": [42.0, 42.6, 42.3]}
+    rec = evaluate(CLAIMS["drop_damage_repaired"], folder("paper", 10_200_000, 128, end=repaired))
+    assert rec["regime"]["passed"] and rec["verdict"] == "reproduced", rec["reason"]
+    assert "no CPU profile" in CLAIMS["drop_damage_repaired"].note
 
 
 # ---------------------------------------------------------------------------------------------- entropy trajectory
@@ -132,10 +160,15 @@ def _heldout(values, steps=(0, 20, 40, 60, 80, 100, 120), method="cluster_eesd")
                          for s, row in enumerate(values) for st, v in zip(steps, row) for li in range(2)])
 
 
-def _trajectory_verdict(tmp_path, name, values, claim="entropy_explores_then_restabilises"):
+def _trajectory_verdict(tmp_path, name, values, claim="entropy_explores_then_restabilises_step_axis",
+                        extension_as_paper=True):
     T = _tables(tmp_path, name, {nb03.HELDOUT_ENTROPY: _heldout(values)})
     (T.folder / "config.json").write_text('{"steps": 120, "batch_size": 16}')
-    return evaluate(CLAIMS[claim], Tables(T.folder))
+    c = CLAIMS[claim]
+    if extension_as_paper and c.extension:   # read the extension's statistic as the engine would for a paper row
+        import dataclasses
+        c = dataclasses.replace(c, extension=False, paper_quote="test", paper_ref="test")
+    return evaluate(c, Tables(T.folder))
 
 
 T7 = np.arange(7.0)
@@ -172,7 +205,13 @@ def test_entropy_trajectory_claim_is_passable_and_can_fail(tmp_path):
     # the stand-in fails its regime (cluster-aware below the dense parent): outside the regime, measured anyway
     T = _tables(tmp_path, "below", {nb03.HELDOUT_ENTROPY: _heldout(saturating)},
                 end={**END, "cluster_eesd": [40.0, 40.5, 40.2]}, init={**INIT, "cluster_eesd": [39.0] * 3})
-    assert evaluate(CLAIMS["entropy_explores_then_restabilises"], T)["verdict"] == "outside the regime"
+    (T.folder / "config.json").write_text('{"steps": 120, "batch_size": 16}')
+    assert evaluate(CLAIMS["entropy_explores_then_restabilises"], Tables(T.folder))["verdict"] == "outside the regime"
+    # the paper row (per unit of learning rate) is passable too: a curve that saturates in cumulative learning rate
+    x = nb03.cumulative_lr([0, 20, 40, 60, 80, 100, 120], 120)
+    sat_lr = 0.5 + 0.05 * (1 - np.exp(-x / 0.15)) + 0.0005 * rng.standard_normal((3, 7))
+    r = _trajectory_verdict(tmp_path, "sat_lr", sat_lr, "entropy_explores_then_restabilises")
+    assert r["verdict"] == "reproduced" and r["regime"]["passed"], r["reason"]
 
 
 def _rates(shape, sd, n, rng):
@@ -201,17 +240,23 @@ def test_entropy_trajectory_claim_calibration(tmp_path):
     assert r["verdict"] != "reproduced" and r["n_seeds"] == 3
 
 
-def test_entropy_per_unit_lr_extension_reads_the_schedule(tmp_path):
+def test_entropy_paper_row_reads_per_unit_lr_and_the_step_axis_is_the_extension(tmp_path):
     # the text runs' schedule in the claims is the one the experiment trains with
     src = inspect.getsource(experiment.text_experiment) + inspect.getsource(experiment)
     assert 'warmup_frac=0.1, decay="linear"' in src and nb03.TEXT_SCHEDULE == dict(warmup_frac=0.1, decay="linear")
     x = nb03.cumulative_lr([0, 20, 40, 60, 80, 100, 120], 120)
     assert x[0] == 0 and x[-1] == pytest.approx(1.0) and np.all(np.diff(x) > 0) and x[-1] - x[-2] < 0.1
-    # a drift proportional to the learning rate flattens on the step axis but is linear per unit of learning rate
+    # a drift proportional to the learning rate flattens on the step axis but is linear per unit of learning rate:
+    # the step-axis reading would pass it, so it is the extension; the paper row (before: the step axis) does not
     drift = 0.5 + 0.05 * np.tile(x, (3, 1)) + 0.0003 * np.random.default_rng(1).standard_normal((3, 7))
     assert _trajectory_verdict(tmp_path, "steps", drift)["verdict"] == "reproduced"
-    r = _trajectory_verdict(tmp_path, "lr", drift, "entropy_restabilises_per_unit_lr")
-    assert r["verdict"] == "extension" and "would read inconclusive" in r["reason"]
+    r = _trajectory_verdict(tmp_path, "steps_ext", drift, extension_as_paper=False)
+    assert r["verdict"] == "extension" and "would read reproduced" in r["reason"]
+    r = _trajectory_verdict(tmp_path, "lr", drift, "entropy_explores_then_restabilises")
+    assert r["verdict"] == "inconclusive" and abs(r["ours"]) < 0.003, r
+    assert not CLAIMS["entropy_explores_then_restabilises"].extension
+    assert CLAIMS["entropy_explores_then_restabilises_step_axis"].extension
+    assert "entropy_restabilises_per_unit_lr" not in CLAIMS
 
 
 # ---------------------------------------------------------------------------------------------- models at init
@@ -248,12 +293,45 @@ def test_no_analysis_row_is_labelled_by_its_answer(tmp_path):
     gate: 'by the initialisation when unchanged and it held at init', which chose the label by the answer)."""
     vals = {("sparse", "init"): [0.86, 0.87, 0.88], ("sparse", "final"): [0.85, 0.86, 0.85],
             ("cluster_eesd", "init"): [0.74, 0.73, 0.74], ("cluster_eesd", "final"): [0.74, 0.73, 0.74]}
-    for cid, col in (("compactness_vs_sparse", "relative_compactness"), ("similarity_vs_sparse", "expert_similarity")):
+    for cid, col in (("compactness_vs_sparse", "relative_compactness"),):
         r = evaluate(CLAIMS[cid], _tables(tmp_path, cid, {nb03.PANELS: _panels(col, vals)}))
         assert r["verdict"] == "reproduced" and r["regime"]["passed"], r
         flipped = {**vals, ("cluster_eesd", "final"): [0.95, 0.96, 0.97]}
         r = evaluate(CLAIMS[cid], _tables(tmp_path, cid + "2", {nb03.PANELS: _panels(col, flipped)}))
         assert r["verdict"] == "contradicted", r
+
+
+def test_similarity_gap_fixed_at_init_is_by_construction_with_both_numbers_or_raises(tmp_path):
+    """Rule 1(b): the weight-similarity gap was set by the initialisations and training did not move it (full: sparse
+    1.0 -> 0.99985, cluster_eesd 0.79797 -> 0.79783; gap -0.2020 at init and end). Before: a trained seed test
+    labelled "reproduced". Now ByConstruction("initialisation") with both gaps; moved beyond 1% of the init gap ->
+    a failed check (raise), decided the same way in every profile."""
+    assert CLAIMS["similarity_vs_sparse"].determined_by == "initialisation"
+    unmoved = {("sparse", "init"): [1.0] * 3, ("sparse", "final"): [0.99985] * 3,
+               ("cluster_eesd", "init"): [0.7980, 0.7979, 0.7980], ("cluster_eesd", "final"): [0.7978, 0.7978, 0.7979]}
+    r = evaluate(CLAIMS["similarity_vs_sparse"], _tables(tmp_path, "unmoved", {nb03.PANELS: _panels(
+        "expert_similarity", unmoved)}))
+    assert r["verdict"] == "holds by construction" and r["ours"] == pytest.approx(0.79783 - 0.99985, abs=1e-4)
+    assert "-0.2020 at initialisation" in r["reason"] and "-0.2020 at the end" in r["reason"]
+    assert "1% of the gap at initialisation" in r["reason"]
+    moved = {**unmoved, ("cluster_eesd", "final"): [0.70, 0.71, 0.70]}
+    with pytest.raises(ClaimEvidenceError, match="failed check"):
+        evaluate(CLAIMS["similarity_vs_sparse"], _tables(tmp_path, "moved", {nb03.PANELS: _panels(
+            "expert_similarity", moved)}))
+
+
+def test_r1_rows_are_proxies_with_the_test_pairs_as_items(tmp_path):
+    """Held-out R@1 (and the suite's recall@1) stand in for MSCOCO zero-shot R@1: proxies, decided on sign, never
+    "smaller than reported" (before: the full run's r1_vs_sparse read "smaller than reported"); n_items = the test
+    pairs in config.json (before: "3 seeds x ? items")."""
+    for cid in ("r1_vs_sparse", "r1_vs_drop", "r1_vs_dense_long", "ablation_both_best", "suite_retrieval_vs_sparse"):
+        assert CLAIMS[cid].proxy and "MSCOCO" in CLAIMS[cid].proxy_for, cid
+    narrow = {**END, "cluster_eesd": [43.0, 43.05, 43.1], "sparse": [43.0, 43.0, 43.05]}   # CI excludes +0.6
+    T = _tables(tmp_path, "narrow", end=narrow, init={**INIT, "sparse": [40.0] * 3})
+    (T.folder / "config.json").write_text('{"n_test": 300, "steps": 120, "batch_size": 16}')
+    r = evaluate(CLAIMS["r1_vs_sparse"], Tables(T.folder))
+    assert r["verdict"] == "inconclusive" and r["ci_high"] < 0.6 and r["n_items"] == 300 and r["n_seeds"] == 3
+    assert "300" in r["replication"]
 
 
 def test_utilisation_below_its_threshold_is_never_holds_by_construction(tmp_path):
@@ -314,6 +392,10 @@ def test_eesd_specialisation_rows_read_output_similarity(tmp_path):
     T = _tables(tmp_path, "reinforced", {nb03.PANELS: _panels("expert_output_similarity", sim)})
     r = evaluate(CLAIMS["eesd_preserves_specialisation"], T)
     assert r["verdict"] == "reproduced" and r["ours"] == pytest.approx(-0.0466667, rel=1e-4)
+    for cid in ("eesd_preserves_specialisation", "eesd_reinforces_vs_cluster_init_alone"):   # the poster names no metric
+        c = CLAIMS[cid]
+        assert c.proxy and "names but does not measure" in c.proxy_for and "flat" in c.proxy_for, cid
+        assert "a proxy" in c.note
     r = evaluate(CLAIMS["eesd_reinforces_vs_cluster_init_alone"], T)
     assert r["verdict"] == "reproduced" and r["ours"] == pytest.approx(-0.0266667, rel=1e-4)
     eroded = {**sim, ("cluster_eesd", "final"): [0.575, 0.537, 0.572]}   # the committed full run's direction
@@ -371,9 +453,10 @@ def test_committed_folders(tmp_path, profile):
     T = _copy(tmp_path, profile)
     by = {c.id: evaluate(c, T) for c in nb03.CLAIMS}
     assert not [k for k, r in by.items() if r["verdict"] == "holds by construction"
-                and k != "sparse_equivalent_at_init"]
+                and k not in ("sparse_equivalent_at_init", "similarity_vs_sparse")]
     assert by["sparse_equivalent_at_init"]["verdict"] == "holds by construction"
-    for k in ("compactness_vs_sparse", "similarity_vs_sparse", "entropy_confident_at_init"):
+    assert by["similarity_vs_sparse"]["verdict"] == "holds by construction"
+    for k in ("compactness_vs_sparse", "entropy_confident_at_init"):
         assert by[k]["verdict"] == "reproduced", (k, by[k]["reason"])
     assert by["eesd_preserves_specialisation"]["verdict"] == "contradicted"
     assert by["utilisation_balanced"]["verdict"] == "inconclusive"
@@ -381,10 +464,12 @@ def test_committed_folders(tmp_path, profile):
         if r["regime"] is not None and r["verdict"] in ("reproduced", "contradicted", "smaller than reported"):
             assert r["regime"]["passed"], r["id"]
     if profile == "full":
-        assert by["r1_vs_sparse"]["verdict"] == "smaller than reported"
+        assert by["r1_vs_sparse"]["verdict"] == "inconclusive"   # a proxy: no magnitude verdict
         assert by["drop_disrupts_at_init"]["verdict"] == "reproduced"
         assert by["r1_vs_drop"]["verdict"] == "outside the regime" and "drop 30.50" in by["r1_vs_drop"]["reason"]
-        assert by["suite_retrieval_vs_sparse"]["verdict"] == "outside the regime"
-        assert by["entropy_explores_then_restabilises"]["verdict"] == "reproduced"
+        assert by["suite_retrieval_vs_sparse"]["regime"]["passed"]   # sparse 55.58 vs dense 55.48
+        assert "sparse 55.58 vs dense parent 55.48" in by["suite_retrieval_vs_sparse"]["regime"]["value"]
+        assert by["suite_retrieval_vs_sparse"]["verdict"] == "inconclusive"
+        assert by["entropy_explores_then_restabilises"]["verdict"] == "inconclusive"   # per unit of learning rate
         assert by["eesd_reinforces_vs_cluster_init_alone"]["verdict"] == "contradicted"
         assert by["vit_cifar_5shot_vs_sparse"]["verdict"] == "inconclusive"

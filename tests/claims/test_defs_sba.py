@@ -177,6 +177,28 @@ def test_dense_parent_check_passes_and_fails(tmp_path):
     assert _ev("sba_unit_vs_sba_wordnet_clustering", _folder(tmp_path / "both", dense=0.46))["regime"]["passed"]
 
 
+def test_dense_parent_check_never_reads_the_tested_arm(tmp_path):
+    """One rule (01, 02, 03): the dense-parent check reads the reference arm (and the linear arm, the stand-in in
+    general), never the arm whose improvement is the claim: a collapsed unit-normalised arm far below the dense
+    parent leaves the regime passed (the rows decide on it), a reference arm below it fails."""
+    T = _folder(tmp_path / "collapse", dense=0.46, unit_collapse=True)
+    r = _ev("sba_unit_vs_sba_wordnet_clustering", T)
+    assert r["regime"]["passed"] and "sba_unit" not in r["regime"]["value"], r["regime"]
+    assert _ev("sba_unit_vs_linear_wordnet_clustering", T)["regime"]["passed"]
+    r = _ev("sba_unit_vs_sba_wordnet_clustering", _folder(tmp_path / "ref_bad", dense=0.478))
+    assert not r["regime"]["passed"]
+    for c in defs.CLAIMS:   # the tested arm is never named in a table row's check
+        if c.id.endswith("_wordnet_clustering") and not c.extension:
+            assert f"the {c.compare[0]} arm" not in c.regime(T).check, c.id
+
+
+def test_unit_vs_linear_clustering_quotes_the_sentence_and_states_its_margins():
+    c = next(c for c in defs.CLAIMS if c.id == "sba_unit_vs_linear_wordnet_clustering")
+    assert "Forcing unit normalization significantly degrades clustering performance" in c.paper_quote
+    for s in ("97.7%, 104.0% and 101.1%", "47.07 vs dense parent 47.00", "bigbench_clustering twin row is outside"):
+        assert s in c.note, s
+
+
 def test_phase_b_dense_check_passes_and_fails(tmp_path):
     """The geometry rows' stand-in: the phase-(b) checkpoint under linear not worse than dense MiniLM."""
     assert _ev("fig1_norm_concentration", _folder(tmp_path / "ok", phase_b_dense=0.0))["regime"]["passed"]
