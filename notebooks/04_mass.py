@@ -235,7 +235,7 @@ print(f"GLUE stand-in in this profile: {P.glue is not None}.")
 # %% [markdown]
 # ## Claims
 #
-# Verdicts are computed from the tables saved above by `moelab.claims.defs.nb04_mass`, where the paper's numbers are
+# Verdicts are computed from the tables saved above by `moelab.mass.claims`, where the paper's numbers are
 # written beside each claim with the table or figure they come from; the verdict rule is in docs/CLAIMS.md. Every
 # claim computed on the synthetic models is gated by the regime check of section 2 (`fig2_regime`, row `check`).
 
