@@ -362,8 +362,13 @@ def test_settings_are_the_public_windows_and_delta():
     assert (public.warmup, public.window, public.first_test, public.expand_until) == (50, 90, 89, 100)
     assert public.can_fire                                      # first test at 0.09T, inside the first 0.1T
     assert not MassConfig.public(400).can_fire                   # window 60 > 0.1 * 400
-    assert slots_delta(32) == pytest.approx(0.016)               # 0.001 * sqrt(256*1024 / 32^2)
-    assert slots_delta(1024) == pytest.approx(0.001 * math.sqrt(262144 / 1024 ** 2))
+    # public GLUE scripts: --max_expert_num 16 --expert_repeat 16, each expert the whole bert-large FFN (W1 4096x1024)
+    from moelab.mass.method import PUBLIC_W1_SHAPE
+    assert PUBLIC_W1_SHAPE == (4096, 1024)
+    assert slots_delta(64) == pytest.approx(0.032)               # 0.001 * sqrt(4096*1024 / 64^2)
+    assert slots_delta(32) == pytest.approx(0.064)
+    assert slots_delta(1024) == pytest.approx(0.001 * math.sqrt(4194304 / 1024 ** 2))
+    assert slots_delta(0, numel=2 * 16 * 64) == pytest.approx(0.001 * math.sqrt(4194304 / 2048))
     with pytest.raises(ValueError):
         mass_settings(0)
     with pytest.raises(ValueError, match="init_experts"):

@@ -69,6 +69,9 @@ class StackedMoETransformer(torch.nn.Module):
     y = h + sum_e w_e(p) SiLU(W1_e u + b1_e);  logits = Dec(LN(y)).
     ``num_experts`` [M]: initially active slots per model; ``top_k`` [M] (naive) or ``top_p`` (MASS) routing.
 
+    ``d_ff`` (default None: the paper's expert SiLU(W1_e u + b1_e), W1 d x d): an expert with a hidden width,
+    W2_e SiLU(W1_e u + b1_e) with W1_e [d_ff, d], W2_e [d, d_ff] (a stated departure of notebook 04's ``default``).
+
     ``attn_layers`` (default 1, the paper's single layer): with L > 1, L - 1 attention-only residual blocks
     x <- x + Attn_l(LN_l(x)) run before the block above (its attention is the L-th), so the model can form the
     two-layer induction circuits in-context inference needs; the MoE layer, and so everything MASS edits, is
@@ -77,8 +80,13 @@ class StackedMoETransformer(torch.nn.Module):
     """
 
     def __init__(self, n_models: int, vocab: int, d_model: int, n_heads: int, seq_len: int, max_experts: int,
-                 num_experts, top_k=None, top_p: float | None = None, seeds=None, attn_layers: int = 1):
+                 num_experts, top_k=None, top_p: float | None = None, seeds=None, attn_layers: int = 1,
+                 d_ff: int | None = None):
         super().__init__()
+        if d_ff is not None and int(d_ff) < 1:
+            raise ValueError(f"d_ff={d_ff} must be >= 1 (None: the paper's single Linear+SiLU expert)")
+        self.d_ff = None if d_ff is None else int(d_ff)
+        f = d_model if self.d_ff is None else self.d_ff
         if attn_layers < 1:
             raise ValueError(f"attn_layers={attn_layers} must be >= 1 (1: the paper's one-layer model)")
         if d_model % n_heads:
@@ -100,7 +108,7 @@ class StackedMoETransformer(torch.nn.Module):
         if len(seeds) != n_models:
             raise ValueError(f"len(seeds)={len(seeds)} != n_models={n_models}")
         shapes = dict(emb=(vocab, d_model), wqkv=(3 * d_model, d_model), wo=(d_model, d_model),
-                      gate=(max_experts, d_model), w1=(max_experts, d_model, d_model), b1=(max_experts, d_model),
+                      gate=(max_experts, d_model), w1=(max_experts, f, d_model), b1=(max_experts, f),
                       dec=(vocab, d_model))
         per = {k: [] for k in shapes}
         for s in seeds:                                   # each model's init from its own generator (exact per seed)
@@ -109,11 +117,15 @@ class StackedMoETransformer(torch.nn.Module):
             per["wqkv"].append(torch.randn(3 * d_model, d_model, generator=g) / math.sqrt(d_model))
             per["wo"].append(torch.randn(d_model, d_model, generator=g) / math.sqrt(d_model))
             per["gate"].append(torch.randn(max_experts, d_model, generator=g) * 0.02)
-            per["w1"].append(torch.randn(max_experts, d_model, d_model, generator=g) / math.sqrt(d_model))
-            per["b1"].append(torch.zeros(max_experts, d_model))
+            per["w1"].append(torch.randn(max_experts, f, d_model, generator=g) / math.sqrt(d_model))
+            per["b1"].append(torch.zeros(max_experts, f))
             per["dec"].append(torch.randn(vocab, d_model, generator=g) / math.sqrt(d_model))
-        for k in shapes:
+            if self.d_ff is not None:                      # drawn last: the d_ff=None stream is unchanged
+                per.setdefault("w2", []).append(torch.randn(max_experts, d_model, f, generator=g) / math.sqrt(f))
+        for k in per:
             setattr(self, k, torch.nn.Parameter(torch.stack(per[k])))
+        if self.d_ff is None:
+            self.w2 = None
         self.L = int(attn_layers)
         if self.L > 1:                                    # extra attention-only blocks [M, L-1, ...]
             pre_q, pre_o = [], []
@@ -167,12 +179,18 @@ class StackedMoETransformer(torch.nn.Module):
         h = x + self._attention(self._ln(x, "ln1"), self.wqkv, self.wo)
         u = self._ln(h, "ln2").reshape(M, B * S, d)
         probs, weights = self.route(u, active)
-        # expert outputs SiLU(W1_e u + b1_e)  [M, N, E, d]; y = sum_e w_e * out_e  [M, N, d]
+        # expert outputs SiLU(W1_e u + b1_e) (d_ff: W2_e SiLU(W1_e u + b1_e))  [M, N, E, d]; y = sum_e w_e out_e
         out = F.silu(torch.einsum("mnd,meod->mneo", u, self.w1) + self.b1[:, None])
+        if self.w2 is not None:
+            out = torch.einsum("mnef,meof->mneo", out, self.w2)
         y = torch.einsum("mne,mneo->mno", weights, out)
         self.last_probs, self.last_weights = probs, weights
         z = h + y.reshape(M, B, S, d)
         return torch.einsum("mbsd,mvd->mbsv", self._ln(z, "ln3"), self.dec)
+
+    def expert_matrices(self) -> list:
+        """The expert weight matrices the MASS tests read: [w1] (the paper's expert) or [w1, w2] (``d_ff``)."""
+        return [self.w1] if self.w2 is None else [self.w1, self.w2]
 
     def batch_nll(self, batch: torch.Tensor, active: torch.Tensor | None = None,
                   mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -221,7 +239,7 @@ def train_stacked(model: StackedMoETransformer, docs: np.ndarray, *, steps: int,
                   warmup_frac: float = 0.05, seed: int = 0, aux_loss=None, after_backward=None, after_step=None,
                   log_every: int = 10, desc: str = "stacked MoE", router_frozen: bool = False,
                   progress_bar: bool | None = None, loss_mask: np.ndarray | None = None,
-                  decay: str = "none", device: str = "cpu") -> pd.DataFrame:
+                  decay: str = "none", device: str = "cpu", router_lr_mult: float = 1.0) -> pd.DataFrame:
     """Adam on the sum over models of each model's mean CE (models independent: disjoint parameters, elementwise Adam;
     MASS Sec. 4.1, notebook 04).  docs [n, S+1] token ids, drawn in a seeded order; ``loss_mask`` [n, S+1] bool: score
     only those tokens (the in-context format's targets y; None: every next token).  Hook points as in ``moelab.train``: ``aux_loss(step, model)``
@@ -234,6 +252,8 @@ def train_stacked(model: StackedMoETransformer, docs: np.ndarray, *, steps: int,
     step where it has more than one active expert raises RuntimeError (run named ``desc``, model index) unless
     ``router_frozen`` (a single active expert has probability 1 under any rule: nothing to route, nothing to learn;
     ``active_experts`` is logged).  ``decay``: the learning-rate schedule after warm-up (:func:`lr_factor`).
+    ``router_lr_mult``: the gate's learning rate is ``router_lr_mult`` x ``lr`` (its own Adam parameter group, same
+    schedule; 1: one learning rate for everything).
     ``progress_bar``: a bar over the steps (None: follow ``MOELAB_PROGRESS``).  ``device``: "cpu" (float32, one
     thread: the path every committed CPU number comes from), "cuda" (the model is moved there and the forward pass
     runs under bf16 autocast; Adam's state and the loss stay float32) or "auto" (:func:`resolve_device`)."""
@@ -248,7 +268,14 @@ def train_stacked(model: StackedMoETransformer, docs: np.ndarray, *, steps: int,
     rng = np.random.default_rng(seed)
     if dev == "cpu":
         torch.set_num_threads(1)   # many small ops: one thread is ~10x faster than two on the shared, loaded CPU
-    opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=True)
+    if not router_lr_mult > 0:
+        raise ValueError(f"router_lr_mult={router_lr_mult} must be > 0")
+    if router_lr_mult == 1.0:
+        opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=True)
+    else:
+        rest = [p for n, p in model.named_parameters() if n != "gate"]
+        opt = torch.optim.Adam([dict(params=rest, lr=lr), dict(params=[model.gate], lr=lr * router_lr_mult)],
+                               lr=lr, foreach=True)
     if decay not in LR_DECAYS:
         raise ValueError(f"decay={decay!r} must be one of {LR_DECAYS}")
     warm = max(1, int(warmup_frac * steps))
@@ -377,7 +404,8 @@ class SynthSetup:
     ``attn_layers``: attention layers of :class:`StackedMoETransformer` (1: the paper's one-layer model).
     ``n_entities``, ``n_properties``, ``n_symbols``: the GINC family (10/10/50: GINC's scripts; 5/5/10: the defaults
     of GINC's generator).  ``device``: "auto" (CUDA with bf16 autocast when present, else CPU in float32), "cuda" or
-    "cpu"."""
+    "cpu".  ``d_ff``: the experts' hidden width (None: the paper's single Linear+SiLU expert, W1 d x d; an integer:
+    W2 SiLU(W1 u + b1) with W1 [d_ff, d]).  ``router_lr_mult``: the gate's learning rate as a multiple of ``lr``."""
     d_model: int = 32
     n_heads: int = 2
     seq_len: int = 16
@@ -400,9 +428,15 @@ class SynthSetup:
     n_properties: int = 10
     n_symbols: int = 50
     device: str = "auto"
+    d_ff: int | None = None
+    router_lr_mult: float = 1.0
 
     def __post_init__(self):
         resolve_device(self.device)
+        if self.d_ff is not None and int(self.d_ff) < 1:
+            raise ValueError(f"d_ff={self.d_ff} must be >= 1 (None: the paper's single Linear+SiLU expert)")
+        if not self.router_lr_mult > 0:
+            raise ValueError(f"router_lr_mult={self.router_lr_mult} must be > 0")
         if self.attn_layers < 1:
             raise ValueError(f"attn_layers={self.attn_layers} must be >= 1 (1: the paper's one-layer model)")
         if self.eval_split not in EVAL_SPLITS:
@@ -435,8 +469,19 @@ class SynthSetup:
         return resolve_device(self.device)
 
     def key(self) -> dict:
-        """Cache key of the setup: its fields with the device resolved (a GPU run, bf16, is not a CPU run)."""
-        return dict(vars(self), device=self.torch_device)
+        """Cache key of the setup: its fields with the device resolved (a GPU run, bf16, is not a CPU run); the fields
+        added later (``d_ff``, ``router_lr_mult``) enter only when they differ from their defaults, so the keys of
+        setups that do not use them are unchanged."""
+        key = dict(vars(self), device=self.torch_device)
+        for name, default in _LATER_FIELDS.items():
+            if key[name] == default:
+                del key[name]
+        return key
+
+    @property
+    def expert_numel(self) -> int:
+        """Size of the weights MASS's semantic test reads per expert: d^2 (W1), or 2 d d_ff (W1 and W2)."""
+        return self.d_model ** 2 if self.d_ff is None else 2 * self.d_model * int(self.d_ff)
 
     def data(self):
         """(GINC family, train, test) -- all seeded.  documents: train = tokens [steps*B, S+1], test = dict(tokens,
@@ -460,6 +505,8 @@ class SynthSetup:
             return data["tokens"], (data["target_mask"] if held_out or self.loss_on == "targets" else None)
         return (data["tokens"] if isinstance(data, dict) else data), None
 
+
+_LATER_FIELDS = dict(d_ff=None, router_lr_mult=1.0)
 
 NGRAM_K_GRID = (0.01, 0.03, 0.1, 0.3, 1.0)
 
@@ -523,10 +570,10 @@ def run_naive(setup: SynthSetup, configs: list[tuple[int, int, int]], keep_routi
         model = StackedMoETransformer(len(cf), g.cfg.n_symbols, setup.d_model, setup.n_heads, setup.input_len, slots,
                                       num_experts=[c[0] for c in cf], top_k=[c[1] for c in cf],
                                       seeds=[1000 * c[2] + 17 * c[0] + c[1] for c in cf],
-                                      attn_layers=setup.attn_layers)
+                                      attn_layers=setup.attn_layers, d_ff=setup.d_ff)
         h = train_stacked(model, tr_tok, steps=setup.steps, batch_size=setup.batch_size, lr=setup.lr,
                           seed=setup.data_seed, desc=f"naive {len(cf)} models, {slots} slots", loss_mask=tr_mask,
-                          decay=setup.lr_decay, device=setup.torch_device)
+                          decay=setup.lr_decay, device=setup.torch_device, router_lr_mult=setup.router_lr_mult)
         h[["num_experts", "top_k", "seed"]] = np.asarray(cf)[h.model.to_numpy()]
         hists.append(h.drop(columns="model"))
         ev = evaluate_stacked(model, te_tok, te_mask)
@@ -569,12 +616,27 @@ def run_naive_groups(setup: SynthSetup, configs: list[tuple[int, int, int]], kee
                 item_losses=items, history=pd.concat(hists, ignore_index=True), routing=routing, probs=probs)
 
 
+ACTIVE_PROBE = 128     # test sequences on which run_mass counts active experts at init and at the end of expansion
+
+
+@torch.no_grad()
+def _active_per_token(model: StackedMoETransformer, tokens: np.ndarray) -> np.ndarray:
+    """Mean number of experts with a nonzero routing weight per input token, per model  [M] (leaves the model in
+    training mode)."""
+    dev = model.pe.device.type
+    w = collect_routing(model.to(dev), tokens)
+    model.train()
+    return (w > 0).sum(-1).mean(1)
+
+
 def run_mass(setup: SynthSetup, mass_cfg: MassConfig, seeds, init_experts: int | None = None,
              top_p: float = 0.5) -> dict:
     """Train ``len(seeds)`` MASS models stacked (MASS Alg. 1 with top-p routing; notebook 04), starting from
     ``init_experts`` active experts (None: ``mass_cfg.init_experts``).  Returns dict(table per run: seed,
     init_experts, final_experts, mean_active, test_loss, test_full_loss, test_acc, stop_reason, expansions,
-    removals; item_losses [R, n_test]; events; trace; history; routing [R, N, E] (post-top-p weights); probs
+    removals, active_init / active_expansion_end (mean active experts per token on the first ``ACTIVE_PROBE`` test
+    sequences at initialisation and after the last expansion step; ``mean_active``: at the end, every test
+    sequence); item_losses [R, n_test]; events; trace; history; routing [R, N, E] (post-top-p weights); probs
     [R, N, E] (gate softmax))."""
     init = mass_cfg.init_experts if init_experts is None else int(init_experts)
     if not 1 <= init <= mass_cfg.max_experts:
@@ -585,17 +647,28 @@ def run_mass(setup: SynthSetup, mass_cfg: MassConfig, seeds, init_experts: int |
     R = len(seeds)
     model = StackedMoETransformer(R, g.cfg.n_symbols, setup.d_model, setup.n_heads, setup.input_len,
                                   mass_cfg.max_experts, num_experts=init, top_p=top_p,
-                                  seeds=[5000 + 1000 * s for s in seeds], attn_layers=setup.attn_layers)
+                                  seeds=[5000 + 1000 * s for s in seeds], attn_layers=setup.attn_layers,
+                                  d_ff=setup.d_ff)
     ex = MassExpander(mass_cfg, R)
+    probe = te_tok[:ACTIVE_PROBE]                                       # active experts per token along training
+    active_at = {"init": _active_per_token(model, probe)}
+
+    def after_step(step, m):
+        if step == mass_cfg.expand_until - 1:
+            active_at["expansion_end"] = _active_per_token(m, probe)
+
     hist = train_stacked(model, tr_tok, steps=setup.steps, batch_size=setup.batch_size, lr=setup.lr,
                          seed=setup.data_seed, aux_loss=ex.redundancy_loss, after_backward=ex.after_backward,
-                         desc=f"MASS {R} runs", loss_mask=tr_mask, decay=setup.lr_decay, device=setup.torch_device)
+                         after_step=after_step, desc=f"MASS {R} runs", loss_mask=tr_mask, decay=setup.lr_decay,
+                         device=setup.torch_device, router_lr_mult=setup.router_lr_mult)
+    active_at.setdefault("expansion_end", np.full(R, np.nan))
     ev = evaluate_stacked(model, te_tok, te_mask)
     w = collect_routing(model, te_tok)                                  # [R, N, E]
     p = collect_routing(model, te_tok, which="probs")
     events = pd.DataFrame(ex.events, columns=["step", "model", "kind", "expert", "new", "p", "cos"])
     table = pd.DataFrame(dict(seed=list(seeds), init_experts=init, final_experts=model.active.sum(1).cpu().numpy(),
-                              mean_active=(w > 0).sum(-1).mean(1), test_loss=ev["nll"].mean(1),
+                              mean_active=(w > 0).sum(-1).mean(1), active_init=active_at["init"],
+                              active_expansion_end=active_at["expansion_end"], test_loss=ev["nll"].mean(1),
                               test_full_loss=ev["full_nll"].mean(1), test_acc=ev["acc"].mean(1),
                               stop_reason=[r or "phase_end" for r in ex.stop_reason],
                               expansions=[int(((events.model == m) & (events.kind == "expand")).sum()) for m in range(R)],
@@ -626,7 +699,7 @@ def run_from_config(config: dict) -> pd.DataFrame:
     warmup, window = mass_settings(mk["total_steps"])
     mk.setdefault("warmup", warmup)
     mk.setdefault("window", window)
-    mk.setdefault("delta", slots_delta(setup.d_model))
+    mk.setdefault("delta", slots_delta(setup.d_model, numel=setup.expert_numel))
     mk.setdefault("max_experts", setup.max_experts)
     seeds = list(config.get("seeds", [0]))
     return run_mass(setup, MassConfig(**mk), seeds, top_p=float(config.get("top_p", 0.5)))["table"]
@@ -681,7 +754,7 @@ class GlueStandinConfig:
 
     def mass_config(self, numel_w1: int) -> MassConfig:
         """MASS settings for the real-data part: warm-up/window from :func:`mass_settings` with this config's
-        ``cpd_*`` values (first test at max(warm-up, window) - 1), delta = GLUE's 0.001 at 256x1024 scaled to the
+        ``cpd_*`` values (first test at max(warm-up, window) - 1), delta = GLUE's 0.001 at 4096x1024 scaled to the
         expert's W1 size (:func:`slots_delta`), start size ``init_experts``."""
         warmup, window = mass_settings(self.steps, self.cpd_warmup_frac, self.cpd_window_frac, self.cpd_min_warmup,
                                        self.cpd_min_window)
@@ -855,8 +928,10 @@ def run_glue_standin(tasks: dict, methods, seeds, cfg: GlueStandinConfig) -> tup
 # time (a reference table, an expert count, a MASS start size, a GLUE cell), so a stopped profile resumes there.
 def mass_config(setup: SynthSetup, start: int) -> MassConfig:
     """The public code's MASS settings at the setup's schedule (MASS Sec. 3.4; notebook 04 section 3): warm-up
-    max(30, .05T), window max(60, .09T), delta = 0.001 at the public 256x1024 W1 scaled to d x d, start ``start``."""
-    return MassConfig.public(setup.steps, delta=slots_delta(setup.d_model), max_experts=setup.max_experts,
+    max(30, .05T), window max(60, .09T), delta = 0.001 at the public 4096x1024 W1 scaled to the expert's size
+    (:attr:`SynthSetup.expert_numel`), start ``start``."""
+    return MassConfig.public(setup.steps, delta=slots_delta(setup.d_model, numel=setup.expert_numel),
+                             max_experts=setup.max_experts,
                              init_experts=int(start))
 
 

@@ -11,7 +11,9 @@ The paper's formulas were lost in extraction; where it is silent the public code
   p = 1 - Phi(S); fire when p < 0.01.  Public windows: warm-up max(30, int(0.05 T)), window max(60, int(0.09 T)),
   T = total steps, expansion in the first 10% of steps, so the first test is at step 0.09 T (:func:`mass_settings`).
 - semantic test (Sec. 3.5): |cos(vec W1_e, vec grad W1_e)| < delta (0.001 GLUE, 0.002 PACS), delta scaled to the
-  expert's size from the public GLUE shape 256x1024 (:func:`slots_delta`).
+  expert's size from the public GLUE shape 4096x1024 (:func:`slots_delta`; the public GLUE scripts run
+  ``--max_expert_num 16 --expert_repeat 16``: every expert is a copy of the whole dense FFN of bert-large).  An
+  expert with two matrices (``d_ff``) reads both: cos and norm of the concatenated vec(W1, W2).
 - duplication (Sec. 3.6): copy expert and gate row into a free slot; the source keeps the row-wise aligned part of
   its gradients, the copy the full gradient.
 - redundancy loss (Sec. 3.7): sum over duplicated pairs of cos(W_g[i], W_g[j])^2, weight 0.01, while expanding.
@@ -37,8 +39,9 @@ __all__ = ["topk_weights", "top_p_weights", "rolling_z", "cpd_pvalue", "weight_g
            "MassConfig", "mass_settings", "slots_delta", "PUBLIC_W1_SHAPE", "redundancy_term", "duplicate_rows",
            "MassPool", "MassExpander", "duplicate_layer_expert", "MassLayerExpander", "DynMoEAdapter"]
 
-# W1 of one expert in the public GLUE runs (rte.sh: bert-large, FFN 4096 split into 16 slices of 256, hidden 1024)
-PUBLIC_W1_SHAPE = (256, 1024)
+# W1 of one expert in the public GLUE runs (rte.sh: bert-large, --max_expert_num 16 --expert_repeat 16: each expert
+# is a copy of the whole dense FFN, W1 of 4096 x 1024; not 16 slices of 256)
+PUBLIC_W1_SHAPE = (4096, 1024)
 
 
 # ----------------------------------------------------------------------------------------------- routing
@@ -87,9 +90,14 @@ def cpd_pvalue(z_window, window: int) -> float:
     return float(norm.sf(s))
 
 
-def weight_grad_cos(w: torch.Tensor, g: torch.Tensor) -> float:
-    """cos(vec W1_e, vec grad W1_e) (MASS Sec. 3.5; notebook 04).  Zero weight or zero gradient -> 1.0 ("no evidence
-    of drift": an expert with no tokens has a zero gradient and must not be duplicated)."""
+def weight_grad_cos(w, g) -> float:
+    """cos(vec W1_e, vec grad W1_e) (MASS Sec. 3.5; notebook 04).  ``w``, ``g``: one tensor each, or lists of
+    tensors (an expert with two matrices: cos of the concatenations vec(W1, W2) and vec(grad W1, grad W2)).  Zero
+    weight or zero gradient -> 1.0 ("no evidence of drift": an expert with no tokens has a zero gradient and must
+    not be duplicated)."""
+    if isinstance(w, (list, tuple)):
+        w = torch.cat([t.reshape(-1) for t in w])
+        g = torch.cat([t.reshape(-1) for t in g])
     w, g = w.reshape(-1).double(), g.reshape(-1).double()
     nw, ng = w.norm(), g.norm()
     if nw == 0 or ng == 0:
@@ -126,9 +134,10 @@ def mass_settings(total_steps: int, warmup_frac: float = 0.05, window_frac: floa
 def slots_delta(d_model: int, paper_delta: float = 0.001, paper_numel: int = PUBLIC_W1_SHAPE[0] * PUBLIC_W1_SHAPE[1],
                 numel: int | None = None) -> float:
     """Semantic threshold delta scaled to our expert size (MASS Sec. 3.5; notebook 04): |cos| of unrelated vectors
-    scales as 1/sqrt(numel W1), so the GLUE delta 0.001 for the public W1 of 256x1024 (rte.sh) maps to
-    delta = 0.001 * sqrt(262144 / numel).  ``numel`` = size of W1 (default d_model^2, the synthetic model's square
-    W1): d_model = 32 gives delta = 0.016; MiniLM's 1536x384 W1 gives 0.000676."""
+    scales as 1/sqrt(numel), so the GLUE delta 0.001 for the public W1 of 4096x1024 (rte.sh, each expert the whole
+    dense FFN) maps to delta = 0.001 * sqrt(4194304 / numel).  ``numel`` = size of the weights the cosine reads
+    (default d_model^2, the synthetic model's square W1): d_model = 64 gives delta = 0.032; MiniLM's 1536x384 W1
+    gives 0.0027."""
     numel = d_model * d_model if numel is None else numel
     if numel < 1 or paper_numel < 1:
         raise ValueError(f"W1 size d_model={d_model} / numel={numel} / paper_numel={paper_numel} must be >= 1")
@@ -139,7 +148,7 @@ def slots_delta(d_model: int, paper_delta: float = 0.001, paper_numel: int = PUB
 class MassConfig:
     """MASS expansion settings (MASS Sec. 3; notebook 04).  Public-code defaults except where a notebook states
     otherwise: ``total_steps`` T; change-point ``warmup`` / ``window`` (public: :func:`mass_settings`); ``p_threshold``
-    0.01; semantic ``delta`` (public GLUE value 0.001 at 256x1024, scale with :func:`slots_delta`); ``patience`` 3
+    0.01; semantic ``delta`` (public GLUE value 0.001 at 4096x1024, scale with :func:`slots_delta`); ``patience`` 3
     (removals allowed before the next failed NLL test stops expansion); ``max_experts`` 16; expansion in the first
     ``expand_frac`` = 10% of steps; redundancy weight 0.01; ``init_experts``: the start size (the public GLUE script
     starts at 8 of 16; the synthetic notebook states its own)."""
@@ -360,6 +369,11 @@ class _PerPool:
         return (getattr(p, self.name) for p in self.pools)
 
 
+def _expert_mats(model) -> list:
+    """The expert matrices MASS's tests read: ``model.expert_matrices()`` when the model has them, else [w1]."""
+    return model.expert_matrices() if hasattr(model, "expert_matrices") else [model.w1]
+
+
 class _StackedView:
     """Model m of a stacked model (``w1`` [M, E, ...], ``gate`` [M, E, d], ``active`` [M, E]) as seen by
     :class:`MassPool`."""
@@ -380,7 +394,8 @@ class _StackedView:
         return self.gn[self.m]
 
     def cos(self, e):
-        return weight_grad_cos(self.model.w1[self.m, e], self.model.w1.grad[self.m, e])
+        mats = _expert_mats(self.model)
+        return weight_grad_cos([p[self.m, e] for p in mats], [p.grad[self.m, e] for p in mats])
 
     def nll_full(self):
         return self.model._last_losses[self.m]
@@ -435,7 +450,8 @@ class MassExpander:
     def after_backward(self, step: int, model, optimizer) -> None:
         if model.E != self.cfg.max_experts:
             raise ValueError(f"model has {model.E} slots but max_experts={self.cfg.max_experts}")
-        gn = model.w1.grad.flatten(2).norm(dim=-1).float().cpu()                    # ||grad W1_e||_F  [M, E]
+        # ||grad W1_e||_F  [M, E] (an expert with W1 and W2: the norm of both gradients together)
+        gn = torch.stack([p.grad.flatten(2).pow(2).sum(-1) for p in _expert_mats(model)]).sum(0).sqrt().float().cpu()
         for m, pool in enumerate(self.pools):
             pool.after_backward(step, _StackedView(model, m, optimizer, self.nll_fn, gn))
 
@@ -446,12 +462,16 @@ class MassExpander:
     @torch.no_grad()
     def duplicate(model, optimizer, m: int, src: int, dst: int) -> None:
         """E_new <- copy(E_src), W_g[new] <- W_g[src]; gradients rewritten before the optimiser step:
-        grad W1_src <- aligned part (row-wise projection on W1_src), grad W_g[src] <- projection on W_g[src];
+        grad W1_src <- aligned part (row-wise projection on W1_src; W2 likewise when the expert has one),
+        grad W_g[src] <- projection on W_g[src];
         the new expert and gate row take the full gradients (MASS Sec. 3.6)."""
         if model.active[m, dst]:
             raise ValueError(f"slot {dst} of model {m} is already active")
-        duplicate_rows([(model.w1, (m, src), (m, dst), True), (model.b1, (m, src), (m, dst), False),
-                        (model.gate, (m, src), (m, dst), True)], optimizer)
+        rows = [(model.w1, (m, src), (m, dst), True), (model.b1, (m, src), (m, dst), False),
+                (model.gate, (m, src), (m, dst), True)]
+        if getattr(model, "w2", None) is not None:                        # expert with a hidden width: W2 too
+            rows.append((model.w2, (m, src), (m, dst), True))
+        duplicate_rows(rows, optimizer)
         model.active[m, dst] = True
 
 
