@@ -25,7 +25,7 @@ from moelab.claims import ClaimEvidenceError, Tables, evaluate
 from moelab.cluster_upcycling import claims as nb03
 from moelab.cluster_upcycling import experiment
 
-from helpers import ROOT
+from helpers import PAPERS_DIR, ROOT, paper_text
 from helpers.claims import run_folder
 
 CLAIMS = {c.id: c for c in nb03.CLAIMS}
@@ -409,12 +409,8 @@ def test_eesd_specialisation_rows_read_output_similarity(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- the poster's words
-def _poster() -> str | None:
-    for p in (ROOT.parent / "shared" / "papers", ROOT.parents[1] / "shared" / "papers", Path("/work/shared/papers")):
-        hits = sorted(p.glob("002_*.txt")) if p.is_dir() else []
-        if hits:
-            return hits[0].read_text()
-    return None
+def _poster() -> str:
+    return paper_text("002")
 
 
 def _norm(s: str) -> str:
@@ -424,7 +420,7 @@ def _norm(s: str) -> str:
 def test_every_paper_row_quotes_the_poster():
     text = _poster()
     if text is None:
-        pytest.skip("the poster's text (shared/papers/002_*.txt) is not beside the repository")
+        pytest.fail("docs/papers/002_*.txt is missing")
     norm = _norm(text)
     for c in nb03.CLAIMS:
         if c.extension:

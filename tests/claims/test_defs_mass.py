@@ -13,7 +13,7 @@ from moelab.claims import Insufficient, Level, Seeds, evaluate
 from moelab.mass import REGIME_MARGIN, mass_regime_checks
 from moelab.mass import claims as nb04
 
-from helpers import ROOT
+from helpers import PAPERS_DIR, ROOT, paper_text
 from helpers.claims import tables_folder
 
 
@@ -85,12 +85,8 @@ def test_claims_gate_on_the_checks_they_name_and_fail_with_the_numbers(tmp_path)
 
 
 def _paper_text():
-    """Paper 003's text (../shared/papers/ beside the checkout, or /work/shared/papers); skip where it is absent."""
-    hits = [f for d in (ROOT.parent / "shared" / "papers", ROOT.parent.parent / "shared" / "papers")
-            for f in glob.glob(str(d / "003_*.txt"))]
-    if not hits:
-        pytest.skip("paper 003's text is not beside the checkout")
-    return open(hits[0]).read()
+    """Paper 003's text (docs/papers/)."""
+    return paper_text("003")
 
 
 def test_every_paper_row_quotes_the_paper_and_the_extension_is_marked():

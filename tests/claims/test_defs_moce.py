@@ -19,7 +19,7 @@ from moelab.claims import ClaimEvidenceError, Seeds, Tables, evaluate, validate_
 from moelab.moce import claims as C
 from moelab.moce import report
 
-from helpers import ROOT
+from helpers import PAPERS_DIR, ROOT, paper_text
 from helpers.claims import run_folder
 
 BY_ID = {c.id: c for c in C.CLAIMS}
@@ -272,13 +272,8 @@ def test_gemma_row_states_why_it_is_undecided(tmp_path, profile):
 
 
 # ------------------------------------------------------------------------------------- paper quotes (item 2)
-def _paper_text() -> str | None:
-    for root in (ROOT.parent / "shared" / "papers", ROOT.parent.parent / "shared" / "papers",
-                 Path("/work/shared/papers")):
-        hits = sorted(root.glob("000_*.txt")) if root.is_dir() else []
-        if hits:
-            return hits[0].read_text()
-    return None
+def _paper_text() -> str:
+    return paper_text("000")
 
 
 def _norm(s: str) -> str:

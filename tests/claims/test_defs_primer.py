@@ -16,7 +16,7 @@ from moelab.claims import ClaimEvidenceError, Seeds, evaluate
 from moelab.claims.engine import FEW_SEEDS
 from moelab.primer import claims as nb00
 
-from helpers import ROOT
+from helpers import PAPERS_DIR, ROOT, paper_text
 from helpers.claims import tables_folder
 
 
@@ -161,10 +161,7 @@ PAPERS = {"paper 001": "001_", "paper 002": "002_", "paper 003": "003_"}
 
 
 def _papers_dir():
-    for d in (ROOT.parent / "shared" / "papers", ROOT.parent.parent / "shared" / "papers"):
-        if d.is_dir():
-            return d
-    return None
+    return PAPERS_DIR if PAPERS_DIR.is_dir() else None
 
 
 def _norm(text: str) -> str:
@@ -172,11 +169,11 @@ def _norm(text: str) -> str:
 
 
 def test_every_paper_row_quotes_its_paper_verbatim():
-    """Each non-extension row has a quote; for the papers in ../shared/papers every excerpt (" [...] " separates two)
+    """Each non-extension row has a quote; for the papers in docs/papers every excerpt (" [...] " separates two)
     occurs in the paper's text (whitespace joined). The Switch Transformer is not among them (its row says so)."""
     papers = _papers_dir()
     if papers is None:
-        pytest.skip("../shared/papers not found")
+        pytest.fail("docs/papers is missing")
     checked = 0
     for c in nb00.CLAIMS:
         if c.extension:
@@ -184,7 +181,7 @@ def test_every_paper_row_quotes_its_paper_verbatim():
         assert c.paper_quote.strip(), c.id
         which = [k for k in PAPERS if k in c.paper_ref]
         if not which:
-            assert "Switch" in c.paper_ref and "not among ../shared/papers" in c.paper_ref, c.id
+            assert "Switch" in c.paper_ref and "not among docs/papers" in c.paper_ref, c.id
             continue
         text = _norm(next(papers.glob(PAPERS[which[0]] + "*.txt")).read_text())
         for part in c.paper_quote.split(" [...] "):

@@ -24,19 +24,15 @@ from moelab.sba import claims as defs
 from moelab.sba.regime import change_from_init
 from moelab.sba.report import separation_table
 
-from helpers import ROOT
+from helpers import PAPERS_DIR, ROOT, paper_text
 
 CLAIMS = {c.id: c for c in defs.CLAIMS}
 IDENTITIES = {"fig5_linear_collapse", "fig5_sba_norm"}
 BENCH = "wordnet_clustering"
 
 
-def _paper_text() -> str | None:
-    for base in (ROOT.parent / "shared" / "papers", ROOT.parents[1] / "shared" / "papers"):
-        hits = sorted(base.glob("001_*.txt")) if base.is_dir() else []
-        if hits:
-            return hits[0].read_text()
-    return None
+def _paper_text() -> str:
+    return paper_text("001")
 
 
 def _norm(s: str) -> str:

@@ -8,3 +8,14 @@ tiny BERT sentence-transformer). Fixtures live in the ``conftest.py`` of the fol
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+PAPERS_DIR = ROOT / "docs" / "papers"   # plain-text copies of the five papers (docs/papers/README.md)
+
+
+def paper_text(number: str) -> str:
+    """The text of paper ``number`` ("000".."004") from docs/papers/ (the quote tests read it)."""
+    hits = sorted(PAPERS_DIR.glob(f"{number}_*.txt"))
+    if not hits:
+        raise FileNotFoundError(f"no docs/papers/{number}_*.txt: the papers' texts are part of the repository")
+    return hits[0].read_text()

@@ -142,7 +142,7 @@ def test_run_outputs_index_and_provenance(tmp_figures, monkeypatch):
 
     from moelab.claims import Claim, Unobtainable
 
-    _demo_defs(monkeypatch, claims=[Claim(id="needs_llama", claim="needs Llama-2", paper_ref="Table 1",
+    _demo_defs(monkeypatch, claims=[Claim(id="needs_llama", claim="needs Llama-2", paper_ref="Table 1", paper_quote="Table 1",
                                           paper_metric="acc", paper_unit="points", metric="acc", unit="points",
                                           paper_value=None, determined_by="training",
                                           evidence=lambda T: Unobtainable("no weights here"))])
@@ -259,7 +259,7 @@ def test_results_table_and_stale_report(tmp_figures, monkeypatch):
     from moelab.runner import cli
     from moelab.claims import Claim, Unobtainable
 
-    _demo_defs(monkeypatch, claims=[Claim(id="needs_llama", claim="needs Llama-2", paper_ref="Table 1",
+    _demo_defs(monkeypatch, claims=[Claim(id="needs_llama", claim="needs Llama-2", paper_ref="Table 1", paper_quote="Table 1",
                                           paper_metric="acc", paper_unit="points", metric="acc", unit="points",
                                           paper_value=2.1, target=2.1, tolerance=1.0, tolerance_why="demo",
                                           determined_by="training", evidence=lambda T: Unobtainable("no weights here"))])

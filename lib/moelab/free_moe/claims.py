@@ -777,7 +777,7 @@ FREE_MATHQA_NOTE = ("Table 1's LLaMA-2-7b-chat FREE-MOE MathQA cell is truncated
 MATHQA_REF = ("Table 3, rows base / Combination (DOWP's setting), column MathQA(%) (Table 1's LLaMA-2-7b-chat MathQA "
               "cells are truncated in the extraction)")
 
-# quotes (verbatim from /work/shared/papers/004_*.txt; table cells as "Table N, row, column: value")
+# quotes (verbatim from docs/papers/004_*.txt; table cells as "Table N, row, column: value")
 Q = {
     "dowp_mmlu": "Specifically, LLaMA-2-7b-chat's accuracy on MMLU increases by 1.98%",
     "dowp_mathqa": "On MathQA, the combination performs best, reaching a 2.01% increase",

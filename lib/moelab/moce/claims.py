@@ -41,6 +41,7 @@ from scipy import stats as sps
 
 from moelab.claims import (ByConstruction, Claim, Insufficient, NotInProfile, Options, OutsideRegime, Precomputed,
                            Regime, Seeds)
+from moelab.moce.clustering import find_knee
 from moelab.moce.report import Z80, Z975, concentration, cramers_v, independence_test  # noqa: F401  (API)
 
 SCORES = "table1_per-item-scores"
@@ -323,7 +324,6 @@ def elbow_e5(T, encoder: str = "e5"):
     """App. B's elbow of ``encoder``'s SSE curve (``appB_elbow-sse.csv``), found by the max-chord rule (deterministic:
     the same detector whether or not kneed is installed). One curve: a degenerate interval (the elbow is read, not
     resampled)."""
-    from moelab.moce.clustering import find_knee
     if not T.has(ELBOW_SSE):
         return Insufficient(f"{ELBOW_SSE}.csv not saved by this run")
     c = T.csv(ELBOW_SSE)

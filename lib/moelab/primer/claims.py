@@ -2,7 +2,7 @@
 
 The primer tests general MoE mechanics; its "paper" rows are the textbook facts it cites, each with the sentence it
 tests (``paper_quote``, copied verbatim): sparse upcycling as paper 002's poster states it (citing Komatsuzaki et al.);
-the Switch Transformer balancing loss (Fedus et al. 2022, Sec. 2.2: not among ../shared/papers, quoted from the
+the Switch Transformer balancing loss (Fedus et al. 2022, Sec. 2.2: not among docs/papers, quoted from the
 paper's text); MASS's top-p gate (paper 003, Sec. 3); SBA's inward collapse and radius (paper 001, Sec. IV).
 
 - Three rows are identities (upcycling at initialisation, the linear-mix norm cos(θ/2), SBA's radius): ``holds by
@@ -174,7 +174,7 @@ CLAIMS = [
     Claim(id="balancing_loss_lowers_imbalance", determined_by="training", regime=training_regime,
           claim="the balancing loss lowers expert-load imbalance after training",
           paper_ref="Switch Transformer (Fedus, Zoph, Shazeer, JMLR 2022), Sec. 2.2 'A Differentiable Load Balancing "
-                    "Loss' (reference [4] of the SBA paper; not among ../shared/papers: quoted from the paper's text, "
+                    "Loss' (reference [4] of the SBA paper; not among docs/papers: quoted from the paper's text, "
                     "arXiv:2101.03961)",
           paper_quote=QUOTE_SWITCH,
           metric="CV of expert load on held-out batches (mean over batches x layers)", unit="CV",
