@@ -20,6 +20,7 @@ import pytest
 
 import pandas as pd
 
+from helpers.claims import by_seed
 from moelab.claims import (ByConstruction, Claim, Items, Level, Options, Regime, RiseThenFall, Seeds, Trend, evaluate,
                            validate_record)
 from moelab.moce import claims as nb01_moce
@@ -29,16 +30,6 @@ N_SIM, N_SEEDS, N_ITEMS = 1000, 3, 200
 SEED_SD, ITEM_SD = 0.5, 1.0
 BAND = (0.025, 0.065)
 
-
-
-def by_seed(*arms):
-    """Each arm as a pandas object indexed by seed 0..n-1 (paired evidence joins arms on the seed)."""
-    out = []
-    for x in arms:
-        x = np.asarray(x, dtype=float)
-        idx = pd.RangeIndex(len(x), name="seed")
-        out.append(pd.Series(x, index=idx) if x.ndim == 1 else pd.DataFrame(x, index=idx))
-    return out
 
 class _T:
     profile, notebook, provenance = "default", "98_demo", {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from moelab.claims import Tables
@@ -26,3 +27,14 @@ def run_folder(tmp_path: Path, nb: str, tables: dict[str, pd.DataFrame]) -> Tabl
     for stem, df in tables.items():
         df.to_csv(tmp_path / f"{stem}.csv", index=False)
     return Tables(tmp_path)
+
+
+def by_seed(*arms):
+    """Each arm as a pandas object indexed by seed 0..n-1 (paired evidence joins arms on the seed): a Series for
+    per-seed values, a DataFrame for [seeds, items]."""
+    out = []
+    for x in arms:
+        x = np.asarray(x, dtype=float)
+        idx = pd.RangeIndex(len(x), name="seed")
+        out.append(pd.Series(x, index=idx) if x.ndim == 1 else pd.DataFrame(x, index=idx))
+    return out

@@ -19,6 +19,7 @@ from moelab.runner import cli, lanes
 from moelab.runner.notebook_run import _pid_alive
 
 from helpers import ROOT
+from helpers.runner import point_runner, tree
 
 A, B = "00_moe_primer", "01_moce"
 
@@ -36,16 +37,12 @@ def _write_nb(nbdir: Path, name: str, body: str) -> Path:
     return src
 
 
-def _tree(d: Path) -> dict:
-    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+_tree = tree
 
 
 @pytest.fixture
 def runner(tmp_path, tmp_figures, monkeypatch):
-    monkeypatch.setattr(cli, "NB_DIR", tmp_path / "nbs")
-    monkeypatch.setattr(cli, "RUNS", tmp_path / "runs")
-    monkeypatch.setenv("MOELAB_SCRATCH", str(tmp_path / "scratch"))
-    return tmp_path
+    return point_runner(tmp_path, monkeypatch)
 
 
 def test_longest_first_by_the_recorded_wall_times(runner, monkeypatch):

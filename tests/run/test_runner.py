@@ -16,6 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from helpers.runner import point_runner, tree
+
 from moelab.runner import cli, notebook_run
 from moelab.runner.notebook_run import NotebookRun
 
@@ -33,16 +35,12 @@ def _write_nb(nbdir: Path, body: str) -> Path:
     return src
 
 
-def _tree(d: Path) -> dict:
-    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+_tree = tree
 
 
 @pytest.fixture
 def runner(tmp_path, tmp_figures, monkeypatch):
-    monkeypatch.setattr(cli, "NB_DIR", tmp_path / "nbs")
-    monkeypatch.setattr(cli, "RUNS", tmp_path / "runs")
-    monkeypatch.setenv("MOELAB_SCRATCH", str(tmp_path / "scratch"))
-    return tmp_path
+    return point_runner(tmp_path, monkeypatch)
 
 
 def test_params_parse_and_only_needs_a_value(runner):
