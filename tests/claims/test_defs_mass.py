@@ -122,3 +122,29 @@ def test_glue_rows_pair_seeds_on_the_seed_index(tmp_path):
     ev = nb04.glue_evidence("acc", "dynmoe")(T)
     assert isinstance(ev, Seeds) and ev.paired and isinstance(ev.a, pd.Series)
     assert list(ev.a.index) == list(ev.b.index) == [0, 1, 2] and np.allclose(ev.a - ev.b, 0.1)
+
+
+def _glue_runs(mass_expansions, with_dense: bool, dense_acc: float = 0.70):
+    rows = []
+    for seed in range(3):
+        for method, acc in (("mass", 0.85), ("dynmoe", 0.80), ("cosine", 0.78)) + ((("dense", dense_acc),)
+                                                                                    if with_dense else ()):
+            exp = mass_expansions[seed] if method == "mass" else 0
+            rows.append(dict(task="t", method=method, seed=seed, acc=acc, chance=0.5, final_pool=4 + exp,
+                             mean_active=2.0, expansions=exp, n_test=100))
+    return pd.DataFrame(rows)
+
+
+def test_glue_regime_passes_and_fails(tmp_path):
+    """The GLUE stand-in's regime (third reader): MASS expanded in >= half of its runs and the reference MoE no worse
+    than a saved dense parent; a table without a dense run cannot pass."""
+    cases = {"pass": (_glue_runs([1, 2, 0], True), True),
+             "no_dense": (_glue_runs([1, 2, 0], False), False),
+             "no_growth": (_glue_runs([0, 0, 1], True), False),
+             "dense_better": (_glue_runs([1, 2, 0], True, dense_acc=0.9), False)}
+    for name, (runs, ok) in cases.items():
+        (tmp_path / name).mkdir()
+        reg = nb04.glue_regime(tables_folder(tmp_path / name, {"fig4_glue_standin_runs": runs}))
+        assert reg.passed is ok, (name, reg.value)
+    assert "no dense-parent run saved" in nb04.glue_regime(
+        tables_folder(tmp_path / "no_dense", {"fig4_glue_standin_runs": _glue_runs([1, 2, 0], False)})).value

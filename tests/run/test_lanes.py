@@ -206,8 +206,9 @@ def test_ctrl_c_during_a_two_lane_publish_leaves_figures_unchanged(runner, tmp_p
     code = ("import sys; from pathlib import Path; from moelab.runner import cli as n; "
             f"n.NB_DIR = Path({str(runner / 'nbs')!r}); n.RUNS = Path({str(runner / 'runs')!r}); "
             "sys.exit(n.main(['run', '--force', '--no-progress', '--jobs', '2']))")
+    log = tmp_path / "runner.log"   # a file, not a pipe: a wait on a pipe would also wait for any grandchild holding it
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            stdout=log.open("w"), stderr=subprocess.STDOUT)
     try:
         deadline, staged = time.time() + 180, []
         while time.time() < deadline and proc.poll() is None:
@@ -220,11 +221,12 @@ def test_ctrl_c_during_a_two_lane_publish_leaves_figures_unchanged(runner, tmp_p
         kernel_b = int(staged[0].name.rsplit("-", 1)[1])
         lane_pids = [json.loads((runner / "runs" / "default" / f"{n}.status.json").read_text())["pid"] for n in (A, B)]
         os.killpg(proc.pid, signal.SIGINT)         # Ctrl-C: the terminal signals the runner's process group
-        out, _ = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    out = log.read_text()
     assert proc.returncode == 130, out
     assert "interrupted" in out
     assert _tree(figures) == before
