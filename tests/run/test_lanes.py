@@ -203,7 +203,10 @@ def test_ctrl_c_during_a_two_lane_publish_leaves_figures_unchanged(runner, tmp_p
     paused = tmp_path / "paused"
     env = {**os.environ, "PAUSE_PUBLISH": str(paused),
            "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    code = ("import sys; from pathlib import Path; from moelab.runner import cli as n; "
+    # a pytest-xdist worker ignores SIGINT and a child inherits SIG_IGN (Python then installs no KeyboardInterrupt):
+    # the runner gets a terminal's default disposition back, as when a user starts it
+    code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "from pathlib import Path; from moelab.runner import cli as n; "
             f"n.NB_DIR = Path({str(runner / 'nbs')!r}); n.RUNS = Path({str(runner / 'runs')!r}); "
             "sys.exit(n.main(['run', '--force', '--no-progress', '--jobs', '2']))")
     log = tmp_path / "runner.log"   # a file, not a pipe: a wait on a pipe would also wait for any grandchild holding it
