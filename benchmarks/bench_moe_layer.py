@@ -252,17 +252,24 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
 
-def compare_shape(shape, device: str, dtype: torch.dtype, repeats: int, seed: int = 0) -> dict:
-    """One shape of the --device cuda comparison: moelab (auto) vs transformers' Mixtral block (grouped_mm experts)
-    vs the dense limit, forward+backward; same weights checked equal, outputs checked close (relative L2 error within
-    2e-2 in bf16, 1e-5 in fp32) against the block and against moelab's per-expert loop, before timing."""
-    d, f, E, k, T = shape
+def _layer_and_block(d: int, f: int, E: int, k: int, seed: int):
+    """moelab's layer (router drawn at 1/sqrt(d)) and transformers' Mixtral block with the same weights, its experts on
+    ``grouped_mm``: the pair every CUDA comparison times."""
     torch.manual_seed(seed)
     layer = MoELayer(d, f, E, k, act="swiglu", renormalize=True)
     with torch.no_grad():
         layer.router.weight.normal_(0, 1.0 / d ** 0.5)
     blk = mixtral_block(layer)
     blk.experts.config._experts_implementation = "grouped_mm"
+    return layer, blk
+
+
+def compare_shape(shape, device: str, dtype: torch.dtype, repeats: int, seed: int = 0) -> dict:
+    """One shape of the --device cuda comparison: moelab (auto) vs transformers' Mixtral block (grouped_mm experts)
+    vs the dense limit, forward+backward; same weights checked equal, outputs checked close (relative L2 error within
+    2e-2 in bf16, 1e-5 in fp32) against the block and against moelab's per-expert loop, before timing."""
+    d, f, E, k, T = shape
+    layer, blk = _layer_and_block(d, f, E, k, seed)
     dense = SwiGLU(d, k * f)
     layer, blk, dense = (m.to(device=device, dtype=dtype) for m in (layer, blk, dense))
     same_weights(layer, blk)
@@ -346,12 +353,7 @@ def profile_shape(shape, device: str, dtype: torch.dtype, steps: int = 3, seed: 
     time on the CPU)."""
     from torch.profiler import ProfilerActivity, profile
     d, f, E, k, T = shape
-    torch.manual_seed(seed)
-    layer = MoELayer(d, f, E, k, act="swiglu", renormalize=True)
-    with torch.no_grad():
-        layer.router.weight.normal_(0, 1.0 / d ** 0.5)
-    blk = mixtral_block(layer)
-    blk.experts.config._experts_implementation = "grouped_mm"
+    layer, blk = _layer_and_block(d, f, E, k, seed)
     layer, blk = (m.to(device=device, dtype=dtype) for m in (layer, blk))
     x = torch.randn(1, T, d, generator=torch.Generator().manual_seed(seed + 1)).to(device, dtype)
     g = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed + 2)).to(device, dtype)
