@@ -34,6 +34,13 @@ DECIDED = DECISIVE
 CHECKLIST = ("determined_by", "regime", "replication", "proxy_for")
 
 
+def required_checklist(rec: dict) -> tuple:
+    """The checklist fields a decisive record must fill: all of :data:`CHECKLIST` for a trained stand-in; a fixed
+    object (determined by the definition or the initialisation: an encoder's clusters, a model at initialisation) may
+    have no regime check."""
+    return CHECKLIST if rec.get("determined_by") == "training" else tuple(k for k in CHECKLIST if k != "regime")
+
+
 def validate_record(rec: Any) -> dict:
     """Raise ``ValueError`` naming the claim and the field when ``rec`` does not follow the schema; return it."""
     if not isinstance(rec, dict):
@@ -103,9 +110,7 @@ def check_checklist(rec: dict) -> dict:
     """A decisive record must carry the referee's checklist (determined_by, regime, replication, proxy_for);
     an empty field raises ``ValueError`` (called by ``rebuild`` and ``check`` on every record of a notebook)."""
     if rec["verdict"] in DECIDED:
-        # a trained stand-in needs its regime check; a fixed object (determined_by definition/initialisation: an
-        # encoder's clusters, a model at initialisation) may have none
-        need = CHECKLIST if rec["determined_by"] == "training" else tuple(k for k in CHECKLIST if k != "regime")
+        need = required_checklist(rec)
         empty = [k for k in need if not rec[k] or (k == "regime" and not str(rec[k]["check"]).strip())]
         if empty:
             raise ValueError(f"claim record {rec['id']!r}: decisive verdict {rec['verdict']!r} with empty checklist "

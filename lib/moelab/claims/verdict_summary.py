@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 from moelab.claims.engine import DECISIVE, VERDICTS
+from moelab.claims.schema import required_checklist
 
 
 def _g(x) -> str:
@@ -215,7 +216,6 @@ def scorecard_markdown(root, results_link: str = "docs/RESULTS.md") -> str:
             "[docs/claims-review.md](docs/claims-review.md). `→ full` / `→ default`: the claims that profile scores.")
 
 
-REVIEW_FIELDS = ("determined_by", "regime", "replication", "proxy_for")
 
 
 def review_rows(root) -> tuple[list[tuple], list[str]]:
@@ -228,9 +228,7 @@ def review_rows(root) -> tuple[list[tuple], list[str]]:
                 continue
             folder = str(f.parent.relative_to(Path(root).parent)) if Path(root).parent in f.parents else str(f.parent)
             rows.append((folder, c))
-            need = REVIEW_FIELDS if c.get("determined_by") == "training" else \
-                tuple(k for k in REVIEW_FIELDS if k != "regime")   # a fixed object may have no regime check
-            empty = [k for k in need + ("paper_quote",) if not c.get(k)]
+            empty = [k for k in required_checklist(c) + ("paper_quote",) if not c.get(k)]
             if empty:
                 problems.append(f"{folder}: {c.get('id')} ({c.get('verdict')}) has empty {empty}")
     return rows, problems
