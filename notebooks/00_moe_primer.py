@@ -40,6 +40,7 @@
 # %% tags=["parameters"]
 PROFILE = "default"
 SEED = 0
+DRY_RUN = False  # paper profile only: every cell at smoke sizes (python -m moelab.runner run --profile paper --dry-run)
 
 # %%
 import copy
@@ -56,9 +57,9 @@ from moelab.primer import config
 
 # %%
 T0 = time.time()
-P = config.profile(PROFILE)
+P = config.profile(PROFILE, dry_run=DRY_RUN)
 SEEDS = [SEED + i for i in range(P.seeds)]  # training seeds of section 2 (each draws routers, batches, dropout)
-run = moelab.start_run("00_moe_primer", profile=PROFILE, seed=SEED, seeds=SEEDS)
+run = moelab.start_run("00_moe_primer", profile=PROFILE, seed=SEED, seeds=SEEDS, dry_run=DRY_RUN)
 torch.set_num_threads(1)  # the 2 cores are shared: one thread is several times faster than two here
 cfg = P.settings()
 run.save_json(cfg, "config")

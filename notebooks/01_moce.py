@@ -46,6 +46,7 @@
 # %% tags=["parameters"]
 PROFILE = "default"
 SEED = 0
+DRY_RUN = False  # paper profile only: every paper-path cell on cut sizes (run --profile paper --dry-run)
 MODEL_PATH = None  # paper profile: local meta-llama/Llama-2-7b-chat-hf folder
 ENCODER_PATH = None  # paper profile: local intfloat/e5-large-v2 sentence-transformers folder
 DATA_PATHS = None  # paper profile: a dict mapping slimorca, magicoder, metamathqa to local JSON or JSONL files

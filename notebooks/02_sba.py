@@ -35,6 +35,7 @@
 # %% tags=["parameters"]
 PROFILE = "default"
 SEED = 0
+DRY_RUN = False  # paper profile only: every paper-path cell on cut sizes (run --profile paper --dry-run)
 MODEL_PATH = None  # paper profile: local nomic-embed-text-v2-moe folder (or env MOELAB_NOMIC_PATH)
 NLI_PATH = None  # paper profile: local sentence-transformers/all-nli (its root, with the triplet/ subset)
 MTEB_PATH = None  # paper profile: folder with STSBenchmark/, StackExchangeClustering/, SprintDuplicateQuestions/

@@ -32,6 +32,7 @@
 # %% tags=["parameters"]
 PROFILE = "default"
 SEED = 0
+DRY_RUN = False  # paper profile only: every paper-path cell on cut sizes (run --profile paper --dry-run)
 CLIP_PATH = None  # paper profile: a local open_clip checkpoint of CLIP ViT-B/32 or B/16
 
 # %%

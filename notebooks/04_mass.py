@@ -45,6 +45,7 @@
 # %% tags=["parameters"]
 PROFILE = "default"
 SEED = 0
+DRY_RUN = False  # paper profile only: every paper-path cell on cut sizes (run --profile paper --dry-run)
 MODEL_PATH = None   # paper profile: local bert-large folder (HF format), for the language experiment
 GLUE_DIR = None     # paper profile: official GLUE data folder (CoLA/, RTE/, QNLI/, MNLI/, MRPC/)
 

@@ -43,6 +43,7 @@
 # %% tags=["parameters"]
 PROFILE = "default"
 SEED = 0
+DRY_RUN = False  # paper profile only: every paper-path cell on cut sizes (run --profile paper --dry-run)
 MODEL_PATH = None  # paper profile: local Hugging Face folder of Llama-2-7b-chat (or Gemma-7b, ...)
 
 # %%

@@ -256,6 +256,34 @@ def file_record(folder: Path) -> dict:
             for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MARKER}
 
 
+# files up to this size are identified by their content (sha256); larger ones (checkpoint shards) by size and
+# modification time, which a copy or a rewrite changes, so identifying a 13 GB checkpoint costs no read
+CONTENT_HASH_MAX = 64 << 20
+
+
+def path_identity(path, content_hash_max: int = CONTENT_HASH_MAX) -> dict:
+    """The identity of a user-given model or data path, for cache keys and staleness records (issue 51): the resolved
+    path and a digest over every file under it (a file: itself), each by content when at most ``content_hash_max``
+    bytes, else by size and modification time. Changing a weight, a data row or the file set changes the digest, so
+    an entry built from another model or data of the same shape is never reused. ``None`` -> ``None``.
+
+    Raises ``FileNotFoundError`` naming a path that does not exist (the notebooks' loaders check first, with the
+    parameter to pass)."""
+    if path is None:
+        return None
+    root = Path(path).expanduser().resolve()
+    if not root.exists():
+        raise FileNotFoundError(f"path_identity: {root} does not exist")
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    h = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        name = f.name if f == root else str(f.relative_to(root))
+        ident = sha256_file(f) if st.st_size <= content_hash_max else f"{st.st_size}:{st.st_mtime_ns}"
+        h.update(f"{name}\0{st.st_size}\0{ident}\n".encode())
+    return {"path": str(root), "files": len(files), "digest": h.hexdigest()[:16]}
+
+
 def read_marker(path: Path) -> dict:
     """The metadata in an entry's ``.complete`` marker ({} for an empty or unreadable marker)."""
     try:

@@ -44,3 +44,26 @@ def paper_input_hint(notebook: str, param: str, what: str) -> str:
     """
     return (f"get {what} (it cannot be downloaded here), then pass it: python -m moelab.runner run --profile paper "
             f"--only {notebook} -p {param}=<path>  (or set {param} in the notebook's parameters cell)")
+
+
+def dry_run_table(paper, dry, keep=()):
+    """What a dry run of the paper profile cuts (issue 51; each notebook's first table under ``DRY_RUN``): one row per
+    setting whose value differs between ``paper`` and ``dry`` (dataclasses or dicts of the same fields), plus the
+    settings named in ``keep`` (shown unchanged: the user's model and data, the method's own constants).
+
+    Columns ``setting``, ``paper``, ``dry run``, ``cut``. Raises ``ValueError`` when the two name different settings
+    (a dry run must be the paper configuration with sizes cut, not another configuration)."""
+    import dataclasses
+
+    import pandas as pd
+
+    def fields(c):
+        return dataclasses.asdict(c) if dataclasses.is_dataclass(c) else dict(c)
+
+    p, d = fields(paper), fields(dry)
+    if set(p) != set(d):
+        raise ValueError(f"dry_run_table: the dry run names settings the paper profile does not (or the reverse): "
+                         f"{sorted(set(p) ^ set(d))}")
+    rows = [{"setting": k, "paper": str(p[k]), "dry run": str(d[k]), "cut": p[k] != d[k]}
+            for k in p if p[k] != d[k] or k in keep]
+    return pd.DataFrame(rows, columns=["setting", "paper", "dry run", "cut"])

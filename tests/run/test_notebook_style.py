@@ -60,7 +60,7 @@ def test_profile_table_printed_from_the_config_after_the_parameters_cell(nb):
     params = text.index('# %% tags=["parameters"]')
     derived = next(src for start, src in cells if text.count("\n", 0, params) < start - 1 and "start_run" in src)
     assert "profile_table(PROFILE)" in derived
-    assert re.search(r"(config_for|profile)\(PROFILE\)", derived)
+    assert re.search(r"(config_for|profile)\(PROFILE[,)]", derived)
     assert "PROFILE ==" not in text and "PROFILE !=" not in text and "PROFILE in" not in text   # sizes, not names
     assert "profiles.select" not in text
 

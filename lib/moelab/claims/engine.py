@@ -37,10 +37,14 @@ from moelab.stats import (Interval, minimum_detectable_effect, ols_slope_interva
 
 ENGINE_VERSION = "moelab.claims v4.0"
 VERDICTS = ("reproduced", "contradicted", "smaller than reported", "underpowered", "inconclusive",
-            "holds by construction", "unobtainable", "not in this profile", "outside the regime", "extension")
+            "holds by construction", "unobtainable", "not in this profile", "outside the regime", "extension",
+            "dry run")
 # "smaller than reported": the interval includes 0 but excludes the paper's effect (in the paper's own unit): a
 # decisive statement about magnitude (issue 47, item 5), never for a proxy (decided on sign only).
 DECISIVE = ("reproduced", "contradicted", "smaller than reported")
+# "dry run": the folder is a dry run of the paper profile (issue 51: every cell of the paper path on cut sizes, to
+# check paths, formats and code before booking GPUs); its rows are computed but never a verdict.
+DRY_RUN = "dry run"
 DETERMINED_BY = ("definition", "initialisation", "training")
 KINDS = ("comparative", "best", "absolute", "trend", "statistic", "qualitative")
 MIN_SEEDS = 3

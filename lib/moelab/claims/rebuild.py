@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from moelab.claims.engine import ENGINE_VERSION, ClaimEvidenceError, Tables, check_definitions, evaluate
+from moelab.claims.engine import DRY_RUN, ENGINE_VERSION, ClaimEvidenceError, Tables, check_definitions, evaluate
 from moelab.claims.schema import FIELDS, check_checklist, validate_file, validate_record
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -70,7 +70,20 @@ def evaluate_folder(folder, defs) -> tuple[dict, list[dict]]:
         except Exception as e:   # a bug in the definition or the tables: name the claim
             raise ClaimEvidenceError(f"{prov['notebook']} ({folder}) claim {c.id!r}: {type(e).__name__}: {e}") from e
         records.append(check_checklist(validate_record(rec)))
+    if prov.get("dry_run"):
+        records = [as_dry_run(r) for r in records]
     return prov, records
+
+
+def as_dry_run(rec: dict) -> dict:
+    """A record of a dry run (provenance ``dry_run``; issue 51): its numbers stay for inspection, its verdict is
+    ``dry run`` with the label the rules gave in the reason (a dry run cuts steps, items and seeds, so no reading of it
+    is evidence about the paper). An extension row stays ``extension`` (counted apart, never a verdict)."""
+    if rec["verdict"] == "extension":   # our own readings stay counted apart (they quote no paper)
+        return rec
+    return validate_record({**rec, "verdict": DRY_RUN,
+                            "reason": f"dry run (sizes cut to exercise the paper path; not evidence): the rules would "
+                                      f"say {rec['verdict']!r}: {rec['reason']}"})
 
 
 def dumps(payload: dict) -> str:

@@ -98,7 +98,7 @@ def validate_record(rec: Any) -> dict:
         raise ValueError(f"{who}: 'not in this profile' must name the profile that scores it (scored_in)")
     if rec["verdict"] == "underpowered" and rec["proxy"]:
         raise ValueError(f"{who}: a proxy row is inconclusive or decisive, never underpowered")
-    if rec["method"].startswith("holds by") and rec["verdict"] not in ("holds by construction", "extension"):
+    if rec["method"].startswith("holds by") and rec["verdict"] not in ("holds by construction", "extension", "dry run"):
         raise ValueError(f"{who}: evidence that holds by construction cannot be {rec['verdict']!r}")
     for k in ("n_items", "n_seeds"):
         if rec[k] is not None and rec[k] < 0:

@@ -76,7 +76,8 @@ def load_claims_files(root) -> list[tuple[str, str, list]]:
     return out
 
 
-LABELS = tuple(v for v in VERDICTS if v != "extension")   # the paper's totals; extensions are counted apart
+# the paper's totals; extensions are counted apart; a dry run (issue 51) is never published
+LABELS = tuple(v for v in VERDICTS if v not in ("extension", "dry run"))
 
 
 def short_reason(c: dict, width: int = 90) -> str:

@@ -1,7 +1,7 @@
 """Notebook runner behind ``make figures`` / ``make test``.
 
     python -m moelab.runner run --profile default [--only 03 [04 ...]] [--force] [--fail-fast] [--scratch]
-                                [--jobs N] [-p NAME=VALUE ...]
+                                [--jobs N] [--dry-run] [-p NAME=VALUE ...]
     python -m moelab.runner list
     python -m moelab.runner stale        # committed figures whose sources changed since they were produced
     python -m moelab.runner readme       # regenerate README's results table from the claims files
@@ -15,6 +15,9 @@ notebook finishes: see :mod:`moelab.runner.notebook_run`) unless ``--scratch`` o
 (repeatable, as papermill's) passes further parameters, e.g. the paper profile's local paths:
 
     python -m moelab.runner run --profile paper --only 05 -p MODEL_PATH=/models/Llama-2-7b-chat-hf
+
+``--dry-run`` (issue 51; ``make figures PROFILE=paper DRY_RUN=1 P=...``) rehearses the paper profile on cut sizes
+into the scratch folder, so a wrong path or format shows in minutes on a laptop; its claims say ``dry run``.
 
 ``-p`` names must be parameters of the notebook (its ``parameters`` cell); an unknown name exits 2 naming them. With
 several notebooks, each gets the parameters its cell declares. ``make figures P="A=1 B={'x': 2}"`` passes ``P`` whole
@@ -260,6 +263,19 @@ def _skip_current(src: Path, a, params: dict, publish: bool, label: str) -> bool
     return True
 
 
+def dry_run_request(a, params: dict) -> None:
+    """``run --dry-run`` (issue 51): the paper profile's every cell on cut sizes, into the scratch folder, always
+    rerun; every notebook gets ``DRY_RUN=True`` (its derived-settings cell cuts steps, items, seeds and grids and
+    says so in its first table; its claims say ``dry run``). Refuses another profile, naming the fix."""
+    if a.profile != "paper":
+        raise ValueError(f"--dry-run rehearses the paper profile; got --profile {a.profile}: use --profile paper "
+                         f"(make figures PROFILE=paper DRY_RUN=1 P=...)")
+    if "DRY_RUN" in params and params["DRY_RUN"] is not True:
+        raise ValueError(f"--dry-run with -p DRY_RUN={params['DRY_RUN']!r}: drop one of them")
+    params["DRY_RUN"] = True
+    a.scratch, a.force = True, True
+
+
 def cmd_run(a) -> int:
     check_profile(a.profile)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -268,6 +284,8 @@ def cmd_run(a) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("MPLBACKEND", "Agg")
     params = parse_params(a.param + [p for text in a.params for p in split_params(text)])
+    if a.dry_run:
+        dry_run_request(a, params)
     publish = not a.scratch and a.profile != "smoke"
     if a.jobs < 1:
         raise ValueError(f"--jobs takes a count of notebooks to run side by side (1 or more), got {a.jobs}")
@@ -276,6 +294,11 @@ def cmd_run(a) -> int:
         print("no notebooks found in notebooks/")
         return 0
     per_nb = params_for(nbs, params)
+    if a.dry_run:
+        lacking = [src.stem for src in nbs if "DRY_RUN" not in notebook_parameters(src)]
+        if lacking:
+            raise ValueError(f"--dry-run: {', '.join(lacking)} declare(s) no DRY_RUN parameter (no dry run "
+                             f"implemented); leave them out with --only")
     where = "publishing into figures/" if publish else f"scratch outputs in {output_dir('NN', a.profile, False).parent}"
     print(f"profile {a.profile}: {where}" + (f"; parameters {params}" if params else "")
           + (f"; {a.jobs} lanes, one torch thread per notebook" if a.jobs > 1 else ""), flush=True)
@@ -796,6 +819,9 @@ def main(argv=None) -> int:
     r.add_argument("--scratch", action="store_true",
                    help="write outputs to the scratch folder (runs/scratch) instead of publishing into figures/")
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--dry-run", action="store_true",
+                   help="paper profile only: every cell of the paper path on cut sizes, into runs/scratch (issue 51; "
+                        "claims say 'dry run'); check local paths and formats before booking GPUs")
     r.add_argument("--force", action="store_true", help="rerun notebooks whose outputs are current")
     r.add_argument("--cold", action="store_true",
                    help="rerun with an empty artifact cache (as on a fresh clone; implies --force), so the recorded "

@@ -67,6 +67,22 @@ def publish_requested(publish=None, profile: str = "default") -> bool:
     return bool(publish)
 
 
+def check_dry_run(dry_run, profile: str, publish=None) -> bool:
+    """``DRY_RUN`` of a notebook's parameters cell (issue 51): a dry run is of the ``paper`` profile only, is never
+    published, and its claims say ``dry run``. Raises ``ValueError`` naming the value and the fix otherwise."""
+    if dry_run not in (True, False, 0, 1):
+        raise ValueError(f"DRY_RUN must be True or False, got {dry_run!r}")
+    if not dry_run:
+        return False
+    if profile != "paper":
+        raise ValueError(f"DRY_RUN=True rehearses the paper profile, but PROFILE is {profile!r}: set PROFILE='paper' "
+                         f"(python -m moelab.runner run --profile paper --dry-run ...), or DRY_RUN=False")
+    if publish:
+        raise ValueError("a dry run is never published (its sizes are cut; its claims say 'dry run'): drop "
+                         "publish=True, or run without DRY_RUN to publish the paper profile")
+    return True
+
+
 def index_root(profile: str, publish: bool = True) -> Path:
     """The root whose INDEX.md lists a profile's outputs: ``figures/`` when published, else the scratch root of
     that profile."""
@@ -331,12 +347,14 @@ def claims_for_reader(claims):
 class NotebookRun:
     """Seeds, output directory, figure/table helpers, claims and provenance for one notebook execution."""
 
-    def __init__(self, notebook: str, profile: str, seed: int = 0, seeds=None, publish: bool | None = None):
+    def __init__(self, notebook: str, profile: str, seed: int = 0, seeds=None, publish: bool | None = None,
+                 dry_run: bool = False):
         if not re.match(r"^\d\d_[a-z0-9_]+$", notebook or ""):
             raise ValueError(f"notebook name must look like '04_mass', got {notebook!r}")
         self.notebook = notebook
         self.profile = check_profile(profile)
-        self.publish = publish_requested(publish, profile)
+        self.dry_run = check_dry_run(dry_run, profile, publish)
+        self.publish = False if self.dry_run else publish_requested(publish, profile)
         self.seed = seed_everything(seed)
         self.seeds = list(seeds) if seeds is not None else [seed]
         self.final_dir = output_dir(notebook, profile, self.publish)
@@ -362,6 +380,7 @@ class NotebookRun:
                 "hardware": hardware(),
                 "wall_time_s": round(time.time() - self.t0, 1), "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                 "params": runner_params(), "jobs": runner_jobs(), "memory": peak_rss_mib(),
+                **({"dry_run": True} if self.dry_run else {}),
                 "artifact_cache": self.artifact_cache(), **self._extra}
 
     def artifact_cache(self) -> dict:
