@@ -41,7 +41,7 @@ class Placement:
 def inference_placement(device: str = "auto", *, cuda_available: bool | None = None,
                         bf16_supported: bool | None = None) -> Placement:
     """The placement for inference: CUDA device 0 in bf16 (fp16 without bf16 support) when CUDA is visible (or
-    ``device="cuda"``), else the CPU in fp32 with one thread per core. ``cuda_available``/``bf16_supported`` replace
+    ``device="cuda"``), else the CPU in fp32 with :func:`cpu_threads` threads (one per core unless ``OMP_NUM_THREADS`` pins it). ``cuda_available``/``bf16_supported`` replace
     the probes of this machine (tests)."""
     dev, mixed = resolve_device(device, "auto", cuda_available=cuda_available, bf16_supported=bf16_supported)
     if dev == "cuda":
@@ -49,7 +49,21 @@ def inference_placement(device: str = "auto", *, cuda_available: bool | None = N
         name = torch.cuda.get_device_name(0) if has and torch.cuda.is_available() else "CUDA device"
         return Placement("cuda:0", torch.bfloat16 if mixed == "bf16" else torch.float16,
                          torch.get_num_threads(), name)
-    return Placement("cpu", torch.float32, os.cpu_count() or 1, "cpu")
+    return Placement("cpu", torch.float32, cpu_threads(), "cpu")
+
+
+def cpu_threads() -> int:
+    """Torch CPU threads for inference: ``OMP_NUM_THREADS`` when set (a runner lane pins its kernel to one thread,
+    issue 49, and ``make verify`` to the committed run's count), else one per core."""
+    raw = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if raw:
+        try:
+            n = int(raw)
+        except ValueError:
+            raise ValueError(f"OMP_NUM_THREADS={raw!r} is not a whole number of threads: unset it or set e.g. 1") from None
+        if n >= 1:
+            return n
+    return os.cpu_count() or 1
 
 
 def load_for_inference(loader: Callable, *args, device: str = "auto", log: Callable | None = print, **kwargs):

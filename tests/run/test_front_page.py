@@ -224,7 +224,7 @@ TIMINGS = ROOT / "docs" / "timings.md"
 
 
 def test_timings_page_is_regenerated_from_provenance():
-    assert TIMINGS.read_text() == cli.timings_markdown(), \
+    assert cli.timings_generated(TIMINGS.read_text()) == cli.timings_markdown(), \
         "docs/timings.md is not what the provenance files give: run python -m moelab.runner timings"
 
 
@@ -250,6 +250,12 @@ def test_readme_timing_block_is_rewritten_between_its_markers(tmp_path, monkeypa
     assert (tmp_path / "README.md").read_text() == \
         f"intro\n{cli.TIMINGS_BEGIN}\n| new | table |\n{cli.TIMINGS_END}\nrest\n"
     assert (tmp_path / "docs" / "timings.md").read_text() == "# Timings\n"
+    # hand-written notes below the marker survive a regeneration; the generated part is replaced
+    notes = f"{cli.TIMINGS_NOTES}\n\n## Where the time goes\n| cell | s |\n"
+    (tmp_path / "docs" / "timings.md").write_text("# Old table\n\n" + notes)
+    cli.write_timings(tmp_path / "docs" / "timings.md")
+    text = (tmp_path / "docs" / "timings.md").read_text()
+    assert text == "# Timings\n\n" + notes and cli.timings_generated(text) == "# Timings\n"
 
 
 def test_every_timing_equals_its_provenance():

@@ -1,5 +1,7 @@
 """Inference placement: notebook 05's paper profile must use the GPU when there is one and say what it
 uses. The decisions are checked with the CUDA probes replaced; the move itself on CPU here and on CUDA where present."""
+import os
+
 import pytest
 import torch
 from torch import nn
@@ -37,3 +39,15 @@ def test_load_for_inference_on_cuda():
     model, _ = device.load_for_inference(_loader, "/m", log=said.append)
     p = next(model.parameters())
     assert p.device.type == "cuda" and p.dtype in (torch.bfloat16, torch.float16) and "cuda:0" in said[0]
+
+
+def test_cpu_placement_respects_a_lanes_thread_pin(monkeypatch):
+    """A runner lane (issue 49) pins its kernel to OMP_NUM_THREADS=1: inference placement must not widen it to every
+    core (it did: 05's paper path ran two lanes on four threads)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert device.inference_placement(cuda_available=False).threads == 1
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert device.inference_placement(cuda_available=False).threads == (os.cpu_count() or 1)
+    monkeypatch.setenv("OMP_NUM_THREADS", "two")
+    with pytest.raises(ValueError, match="OMP_NUM_THREADS='two'"):
+        device.cpu_threads()
