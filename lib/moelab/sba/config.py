@@ -145,7 +145,7 @@ PROFILES = {
                         swaps=("sba", "sba_normfree", "sba_unit"), benchmarks=None, n_subjects=41, per_subject=24,
                         max_tokens=400, n_triplets=30000, device="auto",
                         note="nomic-embed-text-v2-moe's weights, all-nli and MTEB from local copies, one GPU: 3 seeds "
-                             "x 4 aggregations = 12 fine-tunes of 1400 steps and 16 MTEB evaluations, about 1-1.5 "
+                             "x 4 aggregations = 12 fine-tunes of 1400 steps and 16 MTEB evaluations, about 1-3 "
                              "GPU-hours on one H100 (an estimate from FLOPs: docs/paper-scale.md)"),
 }
 
