@@ -8,7 +8,8 @@ readings, routing JSD, expert similarity), ``regime`` (did phase (b) move the ex
 the cluster-aware initialiser, init compensation, its damage; the renormalised drop-upcycled ablation), ``data``
 (WordNet subject prompts, pair collation, the stand-in benchmarks, all-nli and MTEB from local copies), ``items``
 (per-item benchmark scores), ``experiment`` (MNRL fine-tuning, phases (a)-(c) as cached runs, the swap, the paper
-profile on nomic), ``report`` (tables, sentences and figures), ``claims`` (the verdicts).
+profile on nomic), ``report`` (tables, sentences and figures), ``claims`` (the verdicts), ``standins`` (tiny inputs in
+the paper profile's formats for its dry run, issue 51; imported by scripts/make_paper_standins.py, not here).
 
 This package exports the names notebook 02 calls, plus :data:`OUTSIDE_USERS`, names files outside the package read
 here (``run_from_config``: the ``moelab.launch`` entry point named in docs/paper-scale.md; ``training_table``:
