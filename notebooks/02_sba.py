@@ -43,15 +43,23 @@ MTEB_PATH = None  # paper profile: folder with STSBenchmark/, StackExchangeClust
 # %%
 import warnings
 
+import torch
 from IPython.display import display
 
 import moelab
 from moelab import sba
 
 warnings.filterwarnings("ignore", message=".*tokenize.*deprecated.*")
-run = moelab.start_run("02_sba", profile=PROFILE, seed=SEED)
-cfg = sba.profile(PROFILE)
+run = moelab.start_run("02_sba", profile=PROFILE, seed=SEED, dry_run=DRY_RUN)
+cfg = sba.profile(PROFILE, dry_run=DRY_RUN)
 display(sba.profile_table(PROFILE))
+
+# %%
+if DRY_RUN:  # what the dry run cuts: the paper configuration with only sizes cut, on the user's model and data
+    torch.set_num_threads(1)  # a tiny model's many small ops: one thread is ~10x faster than two on the shared CPU
+    cuts = sba.dry_run_table(dict(MODEL_PATH=MODEL_PATH, NLI_PATH=NLI_PATH, MTEB_PATH=MTEB_PATH))
+    run.save_table(cuts, "dryrun", "cuts", caption="what the dry run cuts from the paper profile")
+    display(cuts)
 
 # %% [markdown]
 # ## 1 · Data, and benchmarks that can separate two encoders

@@ -1,5 +1,6 @@
 """Paper-profile inputs of notebook 02_sba: ``NLI_PATH`` pointing at an all-nli root finds its
-``triplet/`` split, and every missing input names the notebook parameter to pass (moelab.profiles.paper_input_hint).
+``triplet/`` split, and every missing input names the notebook parameter to pass (moelab.profiles.paper_input_hint);
+one in the wrong layout raises moelab.inputs.InputFormatError.
 A tiny fake all-nli in the hub's layout: <root>/{pair,pair-class,pair-score,triplet}/{train,dev}-00000-of-00001.parquet."""
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from moelab.sba.data import find_allnli_triplet_dir, load_allnli_triplets, load_mteb_local
 from moelab.sba.loader import load_nomic
 from moelab.assets import MissingAsset
+from moelab.inputs import InputFormatError
 
 SUBSET_COLUMNS = {"pair": ["anchor", "positive"], "pair-class": ["premise", "hypothesis", "label"],
                   "pair-score": ["sentence1", "sentence2", "score"], "triplet": ["anchor", "positive", "negative"]}
@@ -42,18 +44,19 @@ def test_every_missing_input_names_what_to_pass(tmp_path):
         load_allnli_triplets(tmp_path / "nope")
     with pytest.raises(MissingAsset, match=r"-p NLI_PATH=<path>"):
         load_allnli_triplets(None)
+    # a path that exists in the wrong layout is a format error naming the parameter and the fix
     only_pairs = _fake_allnli(tmp_path / "pairs-only", {"pair": SUBSET_COLUMNS["pair"]})
-    with pytest.raises(MissingAsset, match=r"no 'triplet/' folder.*-p NLI_PATH=<path>"):
+    with pytest.raises(InputFormatError, match=r"NLI_PATH=.*no 'triplet/' folder.*Fix: "):
         load_allnli_triplets(only_pairs)
     root = _fake_allnli(tmp_path / "all-nli", {"triplet": SUBSET_COLUMNS["triplet"]})
-    with pytest.raises(MissingAsset, match=r"no 'validation' file.*-p NLI_PATH=<path>"):
+    with pytest.raises(InputFormatError, match=r"NLI_PATH=.*no 'validation' split file.*Fix: "):
         load_allnli_triplets(root, "validation")
     with pytest.raises(MissingAsset, match=r"STSBenchmark.*-p MTEB_PATH=<path>"):
         load_mteb_local(tmp_path / "nope")
     with pytest.raises(MissingAsset, match=r"-p MTEB_PATH=<path>"):
         load_mteb_local(None)
     (tmp_path / "mteb" / "STSBenchmark").mkdir(parents=True)
-    with pytest.raises(MissingAsset, match=r"no 'test' file.*-p MTEB_PATH=<path>"):
+    with pytest.raises(InputFormatError, match=r"MTEB_PATH=.*STSBenchmark.*no 'test' split file.*Fix: "):
         load_mteb_local(tmp_path / "mteb")
     with pytest.raises(MissingAsset, match=r"-p MODEL_PATH=<path>"):
         load_nomic(tmp_path / "no-model")

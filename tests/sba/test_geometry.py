@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from moelab.core.similarity import expert_similarity
-from moelab.sba.data import PairCollate, evaluate_mteb_local, load_allnli_triplets, load_mteb_local, wordnet_subject_texts
+from moelab.sba.data import PairCollate, load_allnli_triplets, load_mteb_local, wordnet_subject_texts
+from moelab.sba.items import evaluate_mteb_with_items
 from moelab.sba.experiment import mnrl_loss
 from moelab.sba.geometry import collect_geometry, geometry_frame, moe_specialisation, pair_geometry, routing_jsd, st_forward_fn, summarize_geometry
 from moelab.sba.method import set_aggregation
@@ -241,7 +242,7 @@ def test_paper_profile_readers(tmp_path):
         nli / "train-00000-of-00001.parquet")
     assert load_allnli_triplets(tmp_path / "all-nli") == [("a", "c", "e"), ("b", "d", "f")]
     pd.DataFrame({"anchor": ["a"], "text": ["c"]}).to_parquet(nli / "dev-00000-of-00001.parquet")
-    with pytest.raises(ValueError, match="missing column"):
+    with pytest.raises(ValueError, match="no field 'positive'"):
         load_allnli_triplets(tmp_path / "all-nli", split="dev")
 
     root = tmp_path / "mteb"
@@ -256,7 +257,7 @@ def test_paper_profile_readers(tmp_path):
                   "labels": [[1, 0, 1]]}).to_json(root / "SprintDuplicateQuestions" / "test.jsonl.gz",
                                                   orient="records", lines=True, compression="gzip")
     tasks = load_mteb_local(root)
-    res = evaluate_mteb_local(_toy_encode, tasks).set_index("task").score
+    res = evaluate_mteb_with_items(_toy_encode, tasks)[0].set_index("benchmark").score
     assert res["STSBenchmark"] > 0.5
     assert res["StackExchangeClustering"] == pytest.approx(1.0)
     assert res["SprintDuplicateQuestions"] == pytest.approx(1.0)

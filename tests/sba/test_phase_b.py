@@ -245,8 +245,9 @@ def test_nomic_measure_on_a_tiny_checkpoint(tmp_path):
     lin = nomic_measure(ckpt, subjects={"a": ["the cat sat", "a dog ran"], "b": ["rain", "tea time"]},
                             max_tokens=50, mteb_tasks={"STSBenchmark": sts})
     sb = nomic_measure(ckpt, aggregation="sba", subjects={"a": ["the cat sat", "a dog ran"]}, max_tokens=50)
-    assert list(lin["eval"].task) == ["STSBenchmark"] and np.isfinite(lin["eval"].score).all()
-    assert sb["eval"] is None and len(lin["geo"]) > 0 and {"radius_ratio_sba"} <= set(sb["geo"].columns)
+    assert list(lin["eval"].benchmark) == ["STSBenchmark"] and np.isfinite(lin["eval"].score).all()
+    assert len(lin["items"]) == len(sts)  # jackknife pseudo-values, one per pair
+    assert sb["eval"] is None and sb["items"] is None and len(lin["geo"]) > 0 and {"radius_ratio_sba"} <= set(sb["geo"].columns)
     np.testing.assert_allclose(lin["geo"][lin["geo"].domain == "a"].angle_deg.iloc[:2],
                                sb["geo"].angle_deg.iloc[:2], rtol=1e-4)  # first MoE layer: same inputs and routes
 

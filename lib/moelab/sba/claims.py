@@ -92,6 +92,7 @@ ANGLE_COL = f"share_angle_above_{REGIME_ANGLE:g}deg"
 NORM_COL = "share_norm_ratio_within_10pct"
 assert REGIME_ANGLE_SHARE == MAJORITY and CONCENTRATION_TOL == 0.10
 SBA_IDENTITY_TOL = 1e-3   # Eq. 5: ||y_SBA|| / Σ w_i r_i = 1 up to float32 rounding of the norms
+NO_INIT = "the paper profile measures nomic-embed-text-v2-moe, which has no initialisation and no phase (b)"
 NO_PRIOR_FORMAT = ("a run saved before the per-seed phase (b) (no {stem}.csv): the next run of the notebook saves it")
 SCREEN_CIRCULAR = ("phase (b)'s expert learning rate and length were screened until the experts' parameter similarity "
                    "fell by >= 0.05 (docs/sba-settings.md: 'every rate that moves them 0.05 ...'); experts moving apart, "
@@ -462,13 +463,15 @@ def init_level(T, column: str):
     """A Fig. 1 / Fig. 2 level of the stand-in's cluster-aware initialisation (a fixed object per seed: the seed
     draws the calibration set that builds it), one pooled value per seed."""
     if is_paper_profile(T):
-        return NotInProfile("default", "the paper profile measures nomic, which has no initialisation")
+        return NotInProfile("default", NO_INIT)
     return Level(values=_geo_change(T, column)["init"], unit_of_replication="seeds")
 
 
 def change_by_seed(T, column: str):
     """What phase (b) did to a Fig. 1 / Fig. 2 share: its change (end - init) per phase-(b) seed, a ``Level``
-    against 0 over seeds."""
+    against 0 over seeds (the paper profile: not in it, nomic has no initialisation)."""
+    if is_paper_profile(T):
+        return NotInProfile("default", NO_INIT)
     return Level(values=_geo_change(T, column)["change"], unit_of_replication="seeds")
 
 
@@ -495,7 +498,9 @@ def fig5_level(T, reading: str, op: str):
 
 def fig5_change(T):
     """What phase (b) did to linear aggregation's inward collapse under the barycentre reading: its change
-    (end - init) per phase-(b) seed, a ``Level`` against 0."""
+    (end - init) per phase-(b) seed, a ``Level`` against 0 (the paper profile: not in it, no initialisation)."""
+    if is_paper_profile(T):
+        return NotInProfile("default", NO_INIT)
     end, init = _fig5(T, BARY, "linear", STAGE_END), _fig5(T, BARY, "linear", STAGE_INIT)
     return Level(values=(end - init).dropna(), unit_of_replication="seeds")
 
@@ -561,6 +566,21 @@ def training_cost(T):
 # ----------------------------------------------------------------------------------------------------------------------
 # the claims
 # ----------------------------------------------------------------------------------------------------------------------
+def _screened(claim: Claim) -> Claim:
+    """``claim`` (defined with ``circular=SCREEN_CIRCULAR``) circular where phase (b) was screened to move the experts
+    apart (the stand-in profiles) and not in the paper profile, which measures nomic's own weights without a screen.
+    The engine reads ``claim.circular`` after it has called the evidence (``moelab.claims.engine.evaluate``), so the
+    evidence sets it from the tables' profile first; the engine itself stays one rule for every notebook."""
+    evidence = claim.evidence
+
+    def per_profile(T):
+        claim.circular = "" if is_paper_profile(T) else SCREEN_CIRCULAR
+        return evidence(T)
+
+    claim.evidence = per_profile
+    return claim
+
+
 def _quote(agg: str, ref: str, col: str) -> str:
     table = TABLE[(agg, ref)]
     cells = (f"{table}, row {ROW[table][agg]}, column {COLUMN[col]}: {PAPER[agg][col]:.2f}; row {ROW[table][ref]}, "
@@ -643,7 +663,7 @@ CLAIMS: list[Claim] = [
         legacy="active experts' output norms are concentrated: r1/r2 near 1 (fine-tuned linear model)",
         evidence=lambda T: trained_level(T, NORM_COL),
     ),
-    Claim(
+    _screened(Claim(
         id="fig2_angles_above_40", determined_by="training", regime=geometry_regime, circular=SCREEN_CIRCULAR,
         claim="Most angles between the two active experts exceed 40 degrees (trained MoE)",
         paper_ref="§III-B / Fig. 2 ('The majority of angular separations exceed 40°')", paper_quote=FIG2_QUOTE,
@@ -652,7 +672,7 @@ CLAIMS: list[Claim] = [
         proxy=False, paper_value=None, target=MAJORITY, expected_sign=+1,
         legacy="most angles between the two active experts exceed 40 degrees (fine-tuned linear model)",
         evidence=lambda T: trained_level(T, ANGLE_COL),
-    ),
+    )),
     Claim(
         id="fig1_concentration_at_init", determined_by="initialisation", extension=True,
         claim="At the stand-in's cluster-aware initialisation a majority of active pairs have r1/r2 within ±10%",
@@ -682,7 +702,7 @@ CLAIMS: list[Claim] = [
         expected_sign=+1,
         evidence=lambda T: change_by_seed(T, NORM_COL),
     ),
-    Claim(
+    _screened(Claim(
         id="fig2_angle_change", determined_by="training", regime=phase_b_regime, extension=True,
         circular=SCREEN_CIRCULAR,
         claim="Training moves the active experts apart: the share of pairs more than 40 degrees apart rises over "
@@ -693,7 +713,7 @@ CLAIMS: list[Claim] = [
                "seed", unit="share (0-1)", higher_is_better=True, proxy=False, paper_value=None, target=0.0,
         expected_sign=+1,
         evidence=lambda T: change_by_seed(T, ANGLE_COL),
-    ),
+    )),
     # -- Fig. 5 / Eqs. 3, 5: the identities, the paper's reading on the trained model, then ours
     Claim(
         id="fig5_linear_collapse", determined_by="definition",
@@ -763,7 +783,7 @@ CLAIMS: list[Claim] = [
              "norm; a measurement, not an identity",
         evidence=lambda T: fig5_level(T, BARY, "sba"),
     ),
-    Claim(
+    _screened(Claim(
         id="fig5_collapse_change", determined_by="training", regime=phase_b_regime, extension=True,
         circular=SCREEN_CIRCULAR,
         claim="Training deepens linear aggregation's inward collapse (barycentre reading) as the experts move apart",
@@ -772,7 +792,7 @@ CLAIMS: list[Claim] = [
         metric="change (end - init) of mean ||Σ ŵ_i e_i|| / r̄ over phase (b), one per seed", unit="ratio",
         higher_is_better=False, proxy=False, paper_value=None, target=0.0, expected_sign=-1,
         evidence=fig5_change,
-    ),
+    )),
     # -- Tables I and II
     *[_table_claim(agg, "linear", bench, col) for agg in ("sba", "sba_normfree", "sba_unit") for bench, col in BENCHES],
     *[_table_claim(agg, "sba", bench, col) for agg in ("sba_normfree", "sba_unit") for bench, col in BENCHES],

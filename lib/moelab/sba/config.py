@@ -1,15 +1,19 @@
 """Per-profile sizes of notebook 02 (SBA, paper 001): one frozen :class:`SbaProfile` per profile (``smoke``,
 ``default``, ``full``, ``paper``), read by the notebook's derived-settings cell; :func:`profile_table` prints them
-beside the paper's setting. How phase (b)'s schedule was chosen (on the validation split only, against regime
-targets fixed before the screen): docs/sba-settings.md.
+beside the paper's setting; ``profile("paper", dry_run=True)`` is the paper profile with only its sizes cut (issue 51,
+:data:`DRY_RUN_SIZES`) and :func:`dry_run_table` says what the cut changes. How phase (b)'s schedule was chosen (on
+the validation split only, against regime targets fixed before the screen): docs/sba-settings.md.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, is_dataclass, replace
 
 import pandas as pd
 
-__all__ = ["PhaseB", "PhaseC", "DropAblation", "SbaProfile", "PROFILES", "profile", "profile_table"]
+from moelab.profiles import dry_run_table as _dry_run_table
+
+__all__ = ["PhaseB", "PhaseC", "DropAblation", "SbaProfile", "PROFILES", "DRY_RUN_SIZES", "profile", "profile_table",
+           "dry_run_table"]
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,8 @@ class SbaProfile:
 
 PAPER_SETTING = dict(model="nomic-embed-text-v2-moe (trained MoE)", phase_b="none (nomic is trained)",
                      phase_c="all-nli 30K triplets x 3 epochs, AdamW 2e-6, batch 64", aggregations="4",
-                     seeds="3", geometry="MMLU, 57 subjects", evaluation="MTEB STSB / StackExchange / SprintDup.")
+                     seeds="3", geometry="MMLU, 57 subjects", evaluation="MTEB STSB / StackExchange / SprintDup.",
+                     cost="one T4 GPU (no time given)")
 
 # phase (b): chosen by scripts/tune_02.py on the validation split (data/tuning/02_sba; docs/sba-settings.md): the
 # backbone at 2e-5, experts and routers at 1e-3 (the only screened expert rate whose validation loss fell); the
@@ -139,15 +144,51 @@ PROFILES = {
                         aggregations=("linear", "sba", "sba_normfree", "sba_unit"),
                         swaps=("sba", "sba_normfree", "sba_unit"), benchmarks=None, n_subjects=41, per_subject=24,
                         max_tokens=400, n_triplets=30000, device="auto",
-                        note="nomic-embed-text-v2-moe's weights, all-nli and MTEB from local copies, one GPU"),
+                        note="nomic-embed-text-v2-moe's weights, all-nli and MTEB from local copies, one GPU: 3 seeds "
+                             "x 4 aggregations = 12 fine-tunes of 1400 steps and 16 MTEB evaluations, about 1-3 "
+                             "GPU-hours on one H100 (an estimate from FLOPs: docs/paper-scale.md)"),
 }
 
 
-def profile(name: str) -> SbaProfile:
-    """The :class:`SbaProfile` of ``name``; ValueError naming the profiles otherwise."""
+# The paper profile's dry run (issue 51): the same configuration with only sizes cut, to the least that runs every
+# code path of the paper path: every aggregation fine-tuned and swapped, 3 seeds (the claims' t-intervals need 3: with
+# fewer the engine stops before the code that decides), gradient accumulation > 1 (the paper's batch 64 is 16 x 4),
+# 27 subjects (more than WordNet's 26 noun files, so the verb files are read as for the paper's 41), every evaluation
+# of the plateau window; the model's shapes are the user's (read from MODEL_PATH), the device "auto".
+DRY_RUN_SIZES = dict(phase_c=dict(max_steps=4, batch_size=4, eval_every=1, grad_accum=2, val_batches=1),
+                     n_subjects=27, per_subject=1, max_tokens=40, n_triplets=64)
+
+
+def profile(name: str, dry_run: bool = False) -> SbaProfile:
+    """The :class:`SbaProfile` of ``name``; ValueError naming the profiles otherwise. ``dry_run`` (``paper`` only):
+    the paper profile with the sizes of :data:`DRY_RUN_SIZES` (every switch of the paper configuration kept)."""
     if name not in PROFILES:
         raise ValueError(f"unknown PROFILE {name!r}: expected one of {', '.join(PROFILES)}")
-    return PROFILES[name]
+    if not dry_run:
+        return PROFILES[name]
+    if name != "paper":
+        raise ValueError(f"DRY_RUN=True is for PROFILE='paper', got {name!r}")
+    p = PROFILES["paper"]
+    sizes = dict(DRY_RUN_SIZES)
+    return replace(p, phase_c=replace(p.phase_c, **sizes.pop("phase_c")), **sizes)
+
+
+def _flat(c, prefix: str = "") -> dict:
+    out = {}
+    for k, v in (asdict(c) if is_dataclass(c) else c).items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+    return out
+
+
+def dry_run_table(paths: dict | None = None) -> pd.DataFrame:
+    """What the paper profile's dry run cuts (issue 51; notebook 02's first table under ``DRY_RUN``): one row per
+    setting that differs (``phase_c.max_steps``, ...) and, unchanged, the settings that make it the paper's
+    configuration (aggregations, swaps, learning rate, device) and ``paths`` (the user's MODEL_PATH, NLI_PATH,
+    MTEB_PATH, read as given)."""
+    paths = {k: str(v) for k, v in (paths or {}).items()}
+    keep = ("aggregations", "swaps", "seeds", "phase_c.lr", "phase_c.warmup_frac", "device", *paths)
+    return _dry_run_table({**_flat(PROFILES["paper"]), **paths}, {**_flat(profile("paper", dry_run=True)), **paths},
+                          keep=keep)
 
 
 def profile_table(current: str | None = None) -> pd.DataFrame:
@@ -164,5 +205,6 @@ def profile_table(current: str | None = None) -> pd.DataFrame:
             aggregations=str(len(p.aggregations)), seeds=str(len(p.seeds)),
             geometry=f"{p.n_subjects} subjects x {p.per_subject}",
             evaluation=("suite " + ", ".join(p.benchmarks) if p.benchmarks else "every suite benchmark")
-            if p.stand_in else "MTEB tasks from local copies")
+            if p.stand_in else "MTEB tasks from local copies",
+            cost=f"~{p.est_minutes:g} min on 2 CPU cores" if p.est_minutes else p.note.split(": ")[-1])
     return pd.DataFrame(rows).T

@@ -10,9 +10,12 @@
   Tables I/II (:data:`STANDIN_COLUMNS`; retrieval has none and is an extension);
 - paper profile, from local copies (nothing can be downloaded here): sentence-transformers/all-nli's ``triplet``
   subset (:func:`load_allnli_triplets`; ``NLI_PATH`` may point at the all-nli root, its ``triplet/`` folder or a
-  file) and the three MTEB tasks of Tables I/II (:func:`load_mteb_local`, scored by :func:`evaluate_mteb_local`).
+  file) and the three MTEB tasks of Tables I/II (:func:`load_mteb_local`, scored with per-item scores by
+  :func:`moelab.sba.items.evaluate_mteb_with_items`).
   Every missing input raises :class:`moelab.assets.MissingAsset` naming the notebook parameter to pass
-  (:func:`moelab.profiles.paper_input_hint`).
+  (:func:`moelab.profiles.paper_input_hint`); an input in the wrong layout or with a wrong field raises
+  :class:`moelab.inputs.InputFormatError` naming the parameter, the file, the field and the fix.
+  :func:`check_nomic_folder` checks ``MODEL_PATH`` the same way before anything is loaded.
 """
 from __future__ import annotations
 
@@ -25,14 +28,18 @@ from sklearn.cluster import MiniBatchKMeans
 from sklearn.metrics import average_precision_score, v_measure_score
 
 from moelab.assets import MissingAsset
+from moelab.inputs import InputFormatError, require_hf_model
 from moelab.profiles import paper_input_hint
 from moelab.stats import bootstrap_ci
 from moelab.suite import embed as suite_embed
 from moelab.suite import wordnet
 
+from .loader import NomicConfig
+
 __all__ = ["wordnet_subject_texts", "PairCollate", "short_pairs", "ALLNLI_SUBSETS", "MTEB_TASKS",
            "MTEB_CLUSTERING_BATCH", "STANDIN_COLUMNS", "find_allnli_triplet_dir", "load_allnli_triplets",
-           "load_mteb_local", "v_measure_mteb", "evaluate_mteb_local", "cached_encoder", "evaluate_benchmarks"]
+           "load_mteb_local", "check_nomic_folder", "v_measure_mteb", "cached_encoder",
+           "evaluate_benchmarks"]
 
 ALLNLI_SUBSETS = ("pair", "pair-class", "pair-score", "triplet")  # the folders of sentence-transformers/all-nli
 MTEB_TASKS = {"STSBenchmark": ["sentence1", "sentence2", "score"],
@@ -217,7 +224,8 @@ def find_allnli_triplet_dir(path) -> Path:
 
     Accepts the all-nli root (``<root>/triplet/{train,dev,test}-*.parquet``: the other subsets ``pair``,
     ``pair-class``, ``pair-score`` sit beside it and are never read), a folder above it, the ``triplet`` folder
-    itself, or one file. Anything else raises ``MissingAsset`` naming what to pass."""
+    itself, or one file. A missing path raises ``MissingAsset`` naming what to pass, a root with other subsets but no
+    ``triplet/`` :class:`moelab.inputs.InputFormatError`."""
     what = ("a local copy of sentence-transformers/all-nli (the root folder with its triplet/ subfolder, or the "
             "triplet/ folder itself)")
     if path is None or not Path(path).exists():
@@ -232,19 +240,21 @@ def find_allnli_triplet_dir(path) -> Path:
         return nested[0]
     others = [n for n in ALLNLI_SUBSETS if (p / n).is_dir()]
     if others:
-        raise _missing(_ALLNLI, "NLI_PATH", f"{p} holds the all-nli subset(s) {others} but no 'triplet/' folder "
-                       "(the paper trains on the triplets)", what)
+        raise InputFormatError("02", "NLI_PATH", p, f"holds the all-nli subset(s) {others} but no 'triplet/' folder "
+                               "(the paper trains on the triplets)", f"pass {what}")
     return p  # a folder of triplet files without the subset folder
 
 
-def _find_split_file(p: Path, split: str, asset: str, param: str, what: str) -> Path:
+def _find_split_file(p: Path, split: str, param: str, what: str) -> Path:
     if p.is_file():
         return p
     cands = sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(_TABLE_EXT) and
                    (f.name.startswith(split) or f.parent.name == split))
     if not cands:
-        raise _missing(asset, param, f"{p} has no '{split}' file (`{split}.jsonl.gz`, `{split}-*.parquet`, ...; "
-                       f"extensions {', '.join(_TABLE_EXT)})", what)
+        found = sorted(str(f.relative_to(p)) for f in p.rglob("*") if f.is_file())[:5]
+        raise InputFormatError("02", param, p, f"has no '{split}' split file (found {found or 'no files'})",
+                               f"pass {what}: `{split}.jsonl.gz` or `{split}-00000-of-00001.parquet` (extensions "
+                               f"{', '.join(_TABLE_EXT)})")
     return cands[0]
 
 
@@ -257,10 +267,13 @@ def _read_table(f: Path) -> pd.DataFrame:
     return pd.read_json(f, lines=not name.endswith(".json"), compression="infer")
 
 
-def _need_columns(df, cols, what):
+def _need_columns(df, cols, f: Path, param: str, what: str):
     missing = [c for c in cols if c not in df.columns]
     if missing:
-        raise ValueError(f"{what}: missing column(s) {missing}; found {list(df.columns)}")
+        raise InputFormatError("02", param, f, f"has no field {' / '.join(map(repr, missing))} (its fields: "
+                               f"{list(df.columns)})", f"pass {what}, whose rows have the fields {list(cols)}")
+    if df.empty:
+        raise InputFormatError("02", param, f, "holds no rows", f"pass {what}")
 
 
 def load_allnli_triplets(path, split: str = "train", limit: int | None = None) -> list:
@@ -268,10 +281,13 @@ def load_allnli_triplets(path, split: str = "train", limit: int | None = None) -
     (SBA paper §V-C: 30K triplets; notebook 02_sba, paper profile). ``path``: see :func:`find_allnli_triplet_dir`;
     ``split``: train | dev | test. Columns anchor, positive, negative."""
     d = find_allnli_triplet_dir(path)
-    f = _find_split_file(d, split, _ALLNLI, "NLI_PATH",
-                         f"the all-nli triplet '{split}' split (triplet/{split}-00000-of-00001.parquet)")
+    what = f"the all-nli triplet '{split}' split (triplet/{split}-00000-of-00001.parquet)"
+    f = _find_split_file(d, split, "NLI_PATH", what)
     df = _read_table(f)
-    _need_columns(df, ["anchor", "positive", "negative"], str(f))
+    _need_columns(df, ["anchor", "positive", "negative"], f, "NLI_PATH", what)
+    bad = [c for c in ("anchor", "positive", "negative") if not df[c].map(lambda x: isinstance(x, str)).all()]
+    if bad:
+        raise InputFormatError("02", "NLI_PATH", f, f"field(s) {bad} hold non-text values", f"pass {what}")
     if limit is not None:
         df = df.iloc[:limit]
     return list(df[["anchor", "positive", "negative"]].itertuples(index=False, name=None))
@@ -285,41 +301,68 @@ def load_mteb_local(root, split: str = "test") -> dict:
     - ``SprintDuplicateQuestions`` (mteb/sprintduplicatequestions-pairclassification): rows of sentence1 (list),
       sentence2 (list), labels (list of 0/1).
 
-    Returns {task: DataFrame}. A missing folder or split -> ``MissingAsset`` naming ``MTEB_PATH``; a wrong layout ->
-    ``ValueError``.
+    Returns {task: DataFrame}. A missing folder -> ``MissingAsset`` naming ``MTEB_PATH``; a task folder without its
+    split, a missing field or a row of the wrong shape -> :class:`moelab.inputs.InputFormatError`.
     """
     what = ("a folder with the MTEB tasks STSBenchmark/, StackExchangeClustering/, SprintDuplicateQuestions/ "
             f"(each with its '{split}' split, e.g. {split}.jsonl.gz)")
+    if root is None or not Path(root).is_dir():
+        raise _missing("MTEB tasks", "MTEB_PATH", f"no local folder at {str(root)!r}", what)
     out = {}
     for task, cols in MTEB_TASKS.items():
-        p = None if root is None else Path(root) / task
-        if p is None or not p.exists():
-            raise _missing(f"MTEB {task}", "MTEB_PATH", f"no local copy at {str(p)!r}", what)
-        f = _find_split_file(p, split, f"MTEB {task}", "MTEB_PATH", what)
+        p = Path(root) / task
+        if not p.exists():
+            found = sorted(d.name for d in Path(root).iterdir() if d.is_dir())[:8]
+            raise InputFormatError("02", "MTEB_PATH", root, f"has no task folder {task}/ (its folders: {found})",
+                                   f"pass {what}")
+        f = _find_split_file(p, split, "MTEB_PATH", f"MTEB's {task} (mteb/{task.lower()}) with its '{split}' split")
         df = _read_table(f)
-        _need_columns(df, cols, str(f))
+        _need_columns(df, cols, f, "MTEB_PATH", f"MTEB's {task}")
+        _check_mteb_rows(task, df, f)
         out[task] = df
     return out
 
 
-def evaluate_mteb_local(encode_fn, tasks: dict, seed: int = 0) -> pd.DataFrame:
-    """MTEB's main scores on local copies (per set / per item rows: task, item, metric, score; notebook 02_sba):
-    STS Spearman of cosine vs gold, clustering V-measure of mini-batch k-means (k = #labels, batch 500 as MTEB, per
-    set), pair classification average precision of cosine similarity (per set). Metrics from scipy / scikit-learn."""
-    rows = []
-    if "STSBenchmark" in tasks:
-        df = tasks["STSBenchmark"]
-        cos = _row_cosines(encode_fn(list(df.sentence1)), encode_fn(list(df.sentence2)))
-        rows.append(dict(task="STSBenchmark", item=0, metric="cos_spearman", score=_spearman(cos, df.score)))
-    if "StackExchangeClustering" in tasks:
-        for i, r in enumerate(tasks["StackExchangeClustering"].itertuples(index=False)):
-            rows.append(dict(task="StackExchangeClustering", item=i, metric="v_measure",
-                             score=v_measure_mteb(encode_fn(list(r.sentences)), r.labels, seed)))
-    if "SprintDuplicateQuestions" in tasks:
-        for i, r in enumerate(tasks["SprintDuplicateQuestions"].itertuples(index=False)):
-            cos = _row_cosines(encode_fn(list(r.sentence1)), encode_fn(list(r.sentence2)))
-            rows.append(dict(task="SprintDuplicateQuestions", item=i, metric="cos_ap",
-                             score=_average_precision(cos, np.asarray(list(r.labels)))))
-    if not rows:
-        raise ValueError(f"no known MTEB task among {list(tasks)}")
-    return pd.DataFrame(rows)
+def _check_mteb_rows(task: str, df: pd.DataFrame, f: Path) -> None:
+    """The shape of every row of an MTEB task (STS: texts and a score in [0, 5]; clustering: one set per row, lists of
+    equal length; pair classification: one set per row, three lists of equal length, labels 0/1)."""
+    def bad(row: int, problem: str, fix: str):
+        raise InputFormatError("02", "MTEB_PATH", f, f"row {row}: {problem}", fix)
+
+    if task == "STSBenchmark":
+        sc = pd.to_numeric(df["score"], errors="coerce")
+        out = sc.isna() | (sc < 0) | (sc > 5)
+        if out.any():
+            i = int(np.flatnonzero(out.to_numpy())[0])
+            bad(i, f"field 'score' is {df['score'].tolist()[i]!r}, expected a number in [0, 5]",
+                "pass mteb/stsbenchmark-sts (gold similarity 0-5)")
+        return
+    lists = MTEB_TASKS[task]
+    for i, r in enumerate(df[lists].itertuples(index=False)):
+        vals = [list(v) if isinstance(v, (list, tuple, np.ndarray)) else None for v in r]
+        if any(v is None for v in vals):
+            bad(i, f"fields {lists} must be lists (one {'set' if task.endswith('Clustering') else 'pair set'} per "
+                   "row)", f"pass MTEB's {task} in its Hugging Face layout")
+        if len({len(v) for v in vals}) != 1 or not vals[0]:
+            bad(i, f"lists {lists} have lengths {[len(v) for v in vals]}, expected equal and non-empty",
+                f"pass MTEB's {task} in its Hugging Face layout")
+        if task == "SprintDuplicateQuestions" and not set(vals[2]) <= {0, 1}:
+            bad(i, f"field 'labels' holds {sorted(set(vals[2]))[:4]}, expected 0/1", "pass the pair-classification "
+                   "task mteb/sprintduplicatequestions-pairclassification")
+
+
+def check_nomic_folder(path) -> dict:
+    """``MODEL_PATH`` checked before anything loads (notebook 02, paper profile): a folder with ``config.json`` of
+    ``model_type`` ``nomic_bert`` with experts (nomic-embed-text-v2-moe, not the dense v1.5), safetensors weights and a
+    tokenizer. Returns the parsed config; ``MissingAsset`` / :class:`moelab.inputs.InputFormatError` otherwise."""
+    what = "a local folder of nomic-ai/nomic-embed-text-v2-moe (config.json, model.safetensors, tokenizer files)"
+    cfg = require_hf_model("02", "MODEL_PATH", path, what, model_types=("nomic_bert",))
+    p = Path(path).expanduser()
+    try:
+        NomicConfig.from_hf_config(cfg, source=str(p / "config.json"))
+    except ValueError as e:
+        raise InputFormatError("02", "MODEL_PATH", p / "config.json", str(e), f"pass {what}") from None
+    if not ((p / "model.safetensors").is_file() or (p / "model.safetensors.index.json").is_file()):
+        raise InputFormatError("02", "MODEL_PATH", p, "has no model.safetensors (or model.safetensors.index.json)",
+                               "copy the safetensors weights of the release beside config.json")
+    return cfg

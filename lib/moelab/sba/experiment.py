@@ -28,20 +28,21 @@ from torch.utils.data import DataLoader
 from transformers import AutoTokenizer
 
 from moelab.assets import load_minilm, minilm_path
-from moelab.cache import memo
+from moelab.cache import memo, path_identity
+from moelab.device import inference_placement
 from moelab.core.layer import aux_loss, moe_layers
 from moelab.core.losses import in_batch_contrastive
 from moelab.seed import seed_everything
 from moelab.suite import embed as suite_embed
-from moelab.train import Hooks, TrainConfig, flattened, train
+from moelab.train import Hooks, TrainConfig, flattened, resolve_device, train
 
 from .config import SbaProfile
-from .data import (PairCollate, evaluate_benchmarks, evaluate_mteb_local, load_allnli_triplets, load_mteb_local,
-                   short_pairs, wordnet_subject_texts)
+from .data import (MTEB_TASKS, PairCollate, check_nomic_folder, evaluate_benchmarks, find_allnli_triplet_dir,
+                   load_allnli_triplets, load_mteb_local, short_pairs, wordnet_subject_texts)
 from .geometry import collect_geometry, moe_specialisation, nomic_forward_fn, router_movement, st_forward_fn
 from .loader import load_nomic
 from .method import check_aggregation, set_aggregation
-from .items import evaluate_with_items
+from .items import evaluate_mteb_with_items, evaluate_with_items
 from .regime import RegimeProbe
 from .standin import build_moe_minilm, build_nomic_layout_minilm, build_nomic_layout_moe, init_damage, st_encode_fn
 
@@ -438,51 +439,59 @@ def init_geometry(*, subjects: dict, renormalize: bool, init: str, seed: int = 0
     return dict(geo=geo, counts=counts, similarity=moe_specialisation(st))
 
 
-def evaluate_mteb_local_nomic(model, mteb_tasks, seed: int = 0) -> pd.DataFrame:
-    """The three MTEB tasks on :class:`moelab.sba.NomicEmbed` (document prefix on every text, as nomic's MTEB runs)."""
-    return evaluate_mteb_local(lambda t: model.encode(t, kind="document").numpy(), mteb_tasks, seed=seed)
+def evaluate_mteb_local_nomic(model, mteb_tasks, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(scores, per-item scores) of :class:`moelab.sba.NomicEmbed` on the MTEB tasks from local copies
+    (:func:`moelab.sba.items.evaluate_mteb_with_items`; document prefix on every text, as nomic's MTEB runs)."""
+    return evaluate_mteb_with_items(lambda t: model.encode(t, kind="document").float().numpy(), mteb_tasks, seed=seed)
 
 
-def _device(device: str) -> str:
-    """``device``, with "auto" resolved to CUDA when available, else the CPU."""
-    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+def _measure_nomic(m, subjects, max_tokens, mteb_tasks, seed, device) -> dict:
+    """:func:`measure_embedder` of a nomic model placed for inference by :mod:`moelab.device` (CUDA in bf16 when
+    present, else the CPU in fp32; the torch thread count stays the notebook's), with ``eval`` / ``items`` the MTEB
+    tasks (None without ``mteb_tasks``)."""
+    where = inference_placement(device)
+    m = m.eval().to(device=where.device, dtype=where.dtype)
+    out = measure_embedder(m, subjects=subjects, max_tokens=max_tokens, forward_fn=nomic_forward_fn(m))
+    out["eval"], out["items"] = (None, None) if mteb_tasks is None else evaluate_mteb_local_nomic(m, mteb_tasks, seed)
+    return out
 
 
 def nomic_measure(model_path, *, aggregation: str = "linear", subjects: dict | None = None, max_tokens: int = 200,
                   mteb_tasks=None, seed: int = 0, device: str = "auto") -> dict:
     """Paper profile (SBA paper §III, §V-A; notebook 02_sba): pretrained nomic-embed-text-v2-moe from a local path
     with ``aggregation`` in place of the linear sum and no fine-tuning, measured as :func:`measure_embedder` (geometry
-    over ``subjects``) with ``eval`` = the MTEB tasks from local copies (None without ``mteb_tasks``). With "linear"
-    this is the trained MoE the paper's figures describe (phase (b)'s place); otherwise the swap arm. ``device``
-    "auto" picks CUDA when available."""
-    m = load_nomic(model_path, aggregation=aggregation, device=_device(device))
-    out = measure_embedder(m, subjects=subjects, max_tokens=max_tokens, forward_fn=nomic_forward_fn(m))
-    out["eval"] = None if mteb_tasks is None else evaluate_mteb_local_nomic(m, mteb_tasks, seed=seed)
-    return out
+    over ``subjects``) with ``eval`` / ``items`` = the MTEB tasks from local copies and their per-item scores (None
+    without ``mteb_tasks``). With "linear" this is the trained MoE the paper's figures describe (phase (b)'s place);
+    otherwise the swap arm. ``device`` "auto": CUDA in bf16 when present (:func:`moelab.device.inference_placement`)."""
+    return _measure_nomic(load_nomic(model_path, aggregation=aggregation), subjects, max_tokens, mteb_tasks, seed,
+                          device)
 
 
 def nomic_finetune_and_measure(*, model_path, aggregation: str, seed: int, train_triplets, val_triplets,
                                subjects: dict, steps: int, batch_size: int, lr: float, grad_accum: int = 1,
                                eval_every: int = 0, max_tokens: int = 200, mteb_tasks=None, device: str = "auto",
-                               aux_coef: float = 0.0) -> dict:
+                               aux_coef: float = 0.0, val_batches: int = 4, warmup_frac: float = 0.1) -> dict:
     """Paper profile (SBA paper §V): nomic-embed-text-v2-moe from a local path with ``aggregation`` in place of the
-    linear sum, fine-tuned with MNRL on all-nli triplets (query prefix on anchors, document prefix on the rest),
-    evaluated on the three MTEB tasks from local copies; geometry over ``subjects`` after training. ``device`` "auto"
-    trains on CUDA (bf16 autocast, ``moelab.train``) when available."""
+    linear sum, fine-tuned with MNRL on all-nli triplets (query prefix on anchors, document prefix on the rest) for
+    the paper's fixed schedule (``steps`` x ``batch_size`` x ``grad_accum``, warm-up then linear decay), evaluated on
+    the three MTEB tasks from local copies; geometry over ``subjects`` after training. ``device`` "auto" trains on
+    CUDA (bf16 autocast, :mod:`moelab.train`) when present and measures as :func:`nomic_measure`.
+
+    Returns the keys of a stand-in phase-(c) run (:func:`moelab.sba.report.phase_c_table`): history, val (validation
+    MNRL by step, step 0 before fine-tuning), val_init, steps, checkpoint_step (= steps: the paper keeps the last),
+    stopped (False: a fixed schedule), improvement (nan), flattened, wall_s, and eval / items / geo / counts /
+    similarity."""
     seed_everything(seed)
-    device = _device(device)
-    m = load_nomic(model_path, aggregation=aggregation, device=device)
+    m = load_nomic(model_path, aggregation=aggregation).to(resolve_device(device)[0])  # the trainer's device
     collate = PairCollate(lambda t: m.tokenize(t, "query"), lambda t: m.tokenize(t, "document"))
+    val0 = validation_mnrl(m, val_triplets, batch_size, val_batches, collate, embed=nomic_embed)
     res = finetune_embedder(m, train_triplets, val_triplets, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
                             eval_every=eval_every, aux_coef=aux_coef, collate=collate, embed=nomic_embed,
-                            grad_accum=grad_accum, device=device)
-    m = res.model.eval()
-    val = res.eval_history
-    ev = None if mteb_tasks is None else evaluate_mteb_local_nomic(m, mteb_tasks, seed=seed)
-    out = measure_embedder(m, subjects=subjects, max_tokens=max_tokens, forward_fn=nomic_forward_fn(m))
-    out["eval"] = ev
-    return dict(history=res.history, val=val, flattened=_flattened(val["val_mnrl"].to_numpy()), wall_s=res.wall_s,
-                **out)
+                            grad_accum=grad_accum, device=device, val_batches=val_batches, warmup_frac=warmup_frac)
+    val = pd.concat([pd.DataFrame([dict(step=0, val_mnrl=val0)]), res.eval_history], ignore_index=True)
+    out = _measure_nomic(res.model, subjects, max_tokens, mteb_tasks, seed, device)
+    return dict(history=res.history, val=val, val_init=val0, steps=steps, checkpoint_step=steps, stopped=False,
+                improvement=float("nan"), flattened=_flattened(val["val_mnrl"].to_numpy()), wall_s=res.wall_s, **out)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -564,7 +573,8 @@ def _no_unknown(cfg: dict, known: tuple, phase: str) -> None:
 class Setup:
     """What every step of notebook 02 reads: the profile ``cfg``, the notebook's ``seed`` (benchmarks, subjects),
     the data (training / validation pairs; held-out texts, probe texts), the benchmarks and the subject prompts; for
-    the paper profile the paths of nomic, all-nli and MTEB. ``conf`` identifies the data in every cache key."""
+    the paper profile the paths of nomic, all-nli and MTEB. ``conf`` identifies the data in every cache key (for the
+    paper profile the content identity of each user path, :func:`moelab.cache.path_identity`)."""
     cfg: SbaProfile
     seed: int
     train_pairs: list
@@ -588,14 +598,19 @@ def setup(cfg: SbaProfile, seed: int = 0, model_path=None, nli_path=None, mteb_p
     positive) pairs of ``cfg.bench_profile`` whose two sides fit in ``cfg.max_pair_tokens`` MiniLM tokens, held-out
     test texts (init damage), validation texts not used by the validation loss (router agreement), the suite's
     benchmarks; for the paper profile (``cfg.stand_in`` False) all-nli triplets from ``nli_path`` and the MTEB tasks
-    from ``mteb_path``, nomic from ``model_path`` (or env MOELAB_NOMIC_PATH). Subjects: WordNet prompts."""
-    subjects = memo("wordnet_subjects", dict(n=cfg.n_subjects, per=cfg.per_subject, seed=seed),
-                    lambda: wordnet_subject_texts(cfg.n_subjects, cfg.per_subject, seed=seed))
+    from ``mteb_path``, nomic from ``model_path`` (or env MOELAB_NOMIC_PATH), each checked first (a missing path:
+    ``MissingAsset``; a wrong layout or field: :class:`moelab.inputs.InputFormatError`), before anything is computed.
+    Subjects: WordNet prompts."""
     if not cfg.stand_in:
         path = model_path or os.environ.get("MOELAB_NOMIC_PATH")
-        return Setup(cfg, seed, load_allnli_triplets(nli_path, "train", limit=cfg.n_triplets),
-                     load_allnli_triplets(nli_path, "dev", limit=256), subjects, dict(path=str(path)),
-                     model_path=path, mteb_tasks=load_mteb_local(mteb_path))
+        check_nomic_folder(path)
+        train, val = (load_allnli_triplets(nli_path, "train", limit=cfg.n_triplets),
+                      load_allnli_triplets(nli_path, "dev", limit=N_VAL_TRIPLETS))
+        mteb = load_mteb_local(mteb_path)
+        conf = dict(model=path_identity(path), nli=path_identity(find_allnli_triplet_dir(nli_path)),
+                    mteb={t: path_identity(Path(mteb_path) / t) for t in MTEB_TASKS}, n_val=len(val))
+        return Setup(cfg, seed, train, val, _subjects(cfg, seed), conf, model_path=path, mteb_tasks=mteb)
+    subjects = _subjects(cfg, seed)
     dense = load_minilm()
     dense.max_seq_length = 128
     pairs = suite_embed.pairs(cfg.bench_profile)
@@ -610,6 +625,14 @@ def setup(cfg: SbaProfile, seed: int = 0, model_path=None, nli_path=None, mteb_p
                 subjects=[cfg.n_subjects, cfg.per_subject, cfg.max_tokens], seed=seed)
     return Setup(cfg, seed, train, val, subjects, conf, dense=dense,
                  heldout=[t for p in pairs["test"][:cfg.n_heldout // 2] for t in p], probe_texts=probe, benches=benches)
+
+
+N_VAL_TRIPLETS = 256  # all-nli dev triplets read for the paper profile's validation MNRL
+
+
+def _subjects(cfg: SbaProfile, seed: int) -> dict:
+    return memo("wordnet_subjects", dict(n=cfg.n_subjects, per=cfg.per_subject, seed=seed),
+                lambda: wordnet_subject_texts(cfg.n_subjects, cfg.per_subject, seed=seed))
 
 
 def separation(s: Setup) -> pd.DataFrame | None:
@@ -669,11 +692,18 @@ def phase_b(s: Setup, seed: int) -> dict:
     aggregation for the profile's schedule with the regime probe at every evaluation; the end measured (benchmarks
     with per-item scores, geometry, router movement). Paper profile: nomic itself, measured (no init)."""
     if not s.cfg.stand_in:
-        return memo("sba_nomic_measure", dict(v=2, path=s.conf["path"], agg="linear", n=s.cfg.n_subjects,
-                                              per=s.cfg.per_subject, max_tokens=s.cfg.max_tokens),
-                    lambda: dict(after=nomic_measure(s.model_path, subjects=s.subjects, max_tokens=s.cfg.max_tokens,
-                                                     mteb_tasks=s.mteb_tasks, seed=s.seed, device=s.cfg.device)))
+        return dict(after=_nomic_measure_memo(s, "linear"))
     return memo("sba_phase_b", _phase_b_conf(s, seed), lambda: _phase_b_compute(s, seed))
+
+
+def _nomic_measure_memo(s: Setup, agg: str) -> dict:
+    """Paper profile: :func:`nomic_measure` of nomic with ``agg`` (no fine-tuning), its own cache entry keyed by the
+    content of MODEL_PATH and MTEB_PATH (:func:`moelab.cache.path_identity`)."""
+    c = s.cfg
+    return memo("sba_nomic_measure", dict(v=3, model=s.conf["model"], mteb=s.conf["mteb"], agg=agg, seed=s.seed,
+                                          n=c.n_subjects, per=c.per_subject, max_tokens=c.max_tokens),
+                lambda: nomic_measure(s.model_path, aggregation=agg, subjects=s.subjects, max_tokens=c.max_tokens,
+                                      mteb_tasks=s.mteb_tasks, seed=s.seed, device=c.device))
 
 
 def phase_b_runs(s: Setup) -> dict:
@@ -705,14 +735,15 @@ def phase_c(s: Setup, pb: dict, agg: str, seed: int) -> dict:
     profile: nomic fine-tuned on all-nli with ``agg`` (the paper's schedule)."""
     c = s.cfg.phase_c
     if not s.cfg.stand_in:
-        return memo("sba_nomic_run", dict(v=2, agg=agg, seed=seed, path=s.conf["path"], n=s.cfg.n_subjects,
+        return memo("sba_nomic_run", dict(v=3, agg=agg, seed=seed, bench_seed=s.seed, **s.conf, n=s.cfg.n_subjects,
                                           per=s.cfg.per_subject, max_tokens=s.cfg.max_tokens,
                                           n_triplets=s.cfg.n_triplets, **asdict(c)),
                     lambda: nomic_finetune_and_measure(
                         model_path=s.model_path, aggregation=agg, seed=seed, train_triplets=s.train_pairs,
                         val_triplets=s.val_pairs, subjects=s.subjects, steps=c.max_steps, batch_size=c.batch_size,
                         lr=c.lr, grad_accum=c.grad_accum, eval_every=c.eval_every, max_tokens=s.cfg.max_tokens,
-                        mteb_tasks=s.mteb_tasks, device=s.cfg.device))
+                        mteb_tasks=s.mteb_tasks, device=s.cfg.device, val_batches=c.val_batches,
+                        warmup_frac=c.warmup_frac))
     return memo("sba_phase_c", dict(v=2, b=_phase_b_conf(s, seed), agg=agg, **asdict(c)),
                 lambda: _phase_c_compute(s, pb, agg, seed))
 
@@ -731,11 +762,7 @@ def swap_runs(s: Setup, pbs: dict) -> dict:
     for a in s.cfg.swaps:
         for seed, pb in pbs.items():
             if not s.cfg.stand_in:
-                out[(a, seed)] = memo("sba_nomic_measure", dict(v=2, path=s.conf["path"], agg=a, n=s.cfg.n_subjects,
-                                                                per=s.cfg.per_subject, max_tokens=s.cfg.max_tokens),
-                                      lambda a=a: nomic_measure(s.model_path, aggregation=a, subjects=s.subjects,
-                                                                max_tokens=s.cfg.max_tokens, mteb_tasks=s.mteb_tasks,
-                                                                seed=s.seed, device=s.cfg.device))
+                out[(a, seed)] = _nomic_measure_memo(s, a)
                 continue
             out[(a, seed)] = memo("sba_swap", dict(v=2, b=_phase_b_conf(s, seed), agg=a), lambda a=a, pb=pb, seed=seed:
                                   _measure(swap_aggregation(build_nomic_layout_moe(s.dense, init="sparse", seed=seed),

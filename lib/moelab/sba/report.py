@@ -17,7 +17,7 @@ from moelab.stats import bootstrap_ci
 from .experiment import _flattened
 from .geometry import fig5_weight_readings, routing_jsd, summarize_geometry
 from .method import AGGREGATIONS
-from .regime import REGIME_TARGETS, RegimeTargets, change_from_init
+from .regime import READINGS, REGIME_TARGETS, RegimeTargets, change_from_init
 
 __all__ = ["scores_long", "training_table", "phase_b_table", "plot_validation", "plt_subplots", "plot_hist",
            "plot_fig5", "specialisation_table", "table_one", "REGIME_ANGLE", "REGIME_ANGLE_SHARE", "regime_check",
@@ -288,11 +288,12 @@ def phase_b_runs_table(pbs: dict) -> pd.DataFrame:
 
 def regime_change(pbs: dict, targets: RegimeTargets = REGIME_TARGETS) -> pd.DataFrame:
     """Per phase-(b) seed: expert similarity, routing JSD, router top-1 agreement and validation MNRL at init and end,
-    their changes and whether the regime targets are met (:func:`moelab.sba.regime.change_from_init`); empty for the
-    paper profile (nomic has no init)."""
+    their changes and whether the regime targets are met (:func:`moelab.sba.regime.change_from_init`); for the paper
+    profile (nomic has no init) no row, with the same columns."""
     frames = [r["readings"] for r in pbs.values() if "readings" in r]
     if not frames:
-        return pd.DataFrame()
+        return pd.DataFrame(columns=["seed", *(f"{r}_{s}" for r in READINGS for s in ("init", "end", "change")),
+                                     "reached", "reasons"])
     return change_from_init(pd.concat(frames, ignore_index=True), targets)
 
 
