@@ -62,8 +62,8 @@ run = moelab.start_run("05_free_moe", profile=PROFILE, seed=SEED, dry_run=DRY_RU
 cfg = fm.config_for(PROFILE, dry_run=DRY_RUN)
 T0 = time.time()
 model, tok, MODEL_NAME, SCORECARD_NAME = fm.load_model(PROFILE, MODEL_PATH, cfg.device)  # paper: MODEL_PATH checked first
-if cfg.device == "cpu":  # CPU profiles: the 2 cores are shared, one thread avoids oversubscription stalls
-    torch.set_num_threads(1)  # (paper: moelab.device's placement sets the threads)
+if next(model.parameters()).device.type == "cpu":  # the 2 cores are shared: one thread avoids oversubscription
+    torch.set_num_threads(1)  # stalls (2 threads: 2.3x slower dry run); on a GPU the placement's threads are kept
 CACHE = fm.cache_config(PROFILE, MODEL_NAME, SEED, cfg, MODEL_PATH)  # paper: keyed by MODEL_PATH's content too
 PAPER = dict(K="12 MMLU, 8 maths, 3 code", bands="50-55% … 95-100% (Tables 6-10)", n_ref_cluster="hundreds+",
              device="GPU", max_general="MMLU (57 subjects)", n_test="full test sets")
@@ -102,8 +102,9 @@ display(Markdown(f"Across {len(qstats)} matrices a block of 32 weights holds on 
 # counts, cached task by task), so its claims are decided by the same rules as the CPU profiles'.
 
 # %%
+CANDIDATES = fm.GENERAL_CANDIDATES[:cfg.n_candidates]  # the general tasks are chosen among these (section 2)
 if cfg.card_items:
-    card = fm.model_scorecard(model, tok, SCORECARD_NAME, cfg.card_items, fm.data.scorecard_tasks(cfg.n_candidates),
+    card = fm.model_scorecard(model, tok, SCORECARD_NAME, cfg.card_items, fm.data.scorecard_tasks(len(CANDIDATES)),
                               batch_size=cfg.batch, cache_config=CACHE)
     run.save_table(card, "scorecard", "model", caption="the scorecard measured on this run's model (per task: items, "
                    "score with 95% interval, chance, baselines, status and reason; rule of moelab.suite.scorecard)")
@@ -122,8 +123,7 @@ else:
 # `min_ref` reference items, the group uses fewer clusters (the table says which).
 
 # %%
-general_tasks, task_note = fm.choose_general_tasks(SCORECARD_NAME, fm.GENERAL_CANDIDATES[:cfg.n_candidates], cfg.max_general,
-                                                   card)
+general_tasks, task_note = fm.choose_general_tasks(SCORECARD_NAME, CANDIDATES, cfg.max_general, card)
 data = fm.load_groups_for(general_tasks, cfg)
 clusters = fm.reference_clusters(model, tok, data["pools"], cfg.K, cfg.n_ref_cluster, cfg.min_ref, seed=SEED)
 counts = fm.split_counts(data, clusters)

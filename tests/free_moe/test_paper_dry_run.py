@@ -104,7 +104,7 @@ def test_model_path_errors_name_parameter_file_field_and_fix_within_seconds(tmp_
 
 def test_a_valid_folder_loads_on_the_placement(tmp_path, tok):
     d = _model_folder(tmp_path / "llama", tok)
-    assert fm.check_model_path(d)["model_type"] == "llama"
+    assert fm.experiment.check_model_path(d)["model_type"] == "llama"
     model, _, name, card_name = fm.load_model("paper", d, "auto")
     assert name == card_name == str(d) and next(model.parameters()).dtype.is_floating_point
 
@@ -164,8 +164,9 @@ def test_model_scorecard_is_the_committed_rule_on_the_runs_model_and_resumes_by_
     card = fm.model_scorecard(model, tk, name, 3, tasks, cache_config=cc)
     pd.testing.assert_frame_equal(card, ref)
     assert set(card.task) == set(tasks) and (card.n == 3).all() and set(card.status) <= set(scorecard.STATUSES)
-    assert len(_entries(asset_cache, "free_moe_scorecard")) == 2                        # one entry per task
+    assert len(_entries(asset_cache, "free_moe_scorecard")) == 3            # one entry per task, one of the rule
     monkeypatch.setattr(scorecard, "per_item_scores", lambda *a, **k: pytest.fail("rescored a cached task"))
+    monkeypatch.setattr(scorecard, "summarize", lambda *a, **k: pytest.fail("recomputed the cached rule"))
     pd.testing.assert_frame_equal(fm.model_scorecard(model, tk, name, 3, tasks, cache_config=cc), ref)
     with pytest.raises(ValueError, match="not moelab lm tasks"):
         fm.model_scorecard(model, tk, name, 3, ("mmlu",))
@@ -225,7 +226,7 @@ def test_claims_decide_a_users_model_with_its_own_scorecard(tmp_path):
 def test_standins_are_the_model_folder_only(tmp_path):
     made = standins.write(tmp_path)
     assert set(made["params"]) == set(made["formats"]) == {"MODEL_PATH"}
-    assert fm.check_model_path(made["params"]["MODEL_PATH"])["model_type"] == "llama"
+    assert fm.experiment.check_model_path(made["params"]["MODEL_PATH"])["model_type"] == "llama"
 
 
 @pytest.mark.slow

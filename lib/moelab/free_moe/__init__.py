@@ -13,13 +13,13 @@ This package exports the names notebook 05 calls; anything else imports from its
 """
 from moelab.free_moe import config, data, experiment, method, report, scoring  # noqa: F401  (fm.method.X)
 from moelab.free_moe.config import (
-    DRY_RUN_SIZES, config_for, profile_table)
+    config_for, profile_table)
 from moelab.free_moe.method import (
     band_label)
 from moelab.free_moe.data import (
     GENERAL_CANDIDATES, MATH_MC_LM_TASK, choose_general_tasks, load_groups_for, model_scorecard)
 from moelab.free_moe.experiment import (
-    ABLATION_SLUGS, cache_config, check_model_path, dowp_select, hook_check, keep_probe, load_model, model_rows,
+    ABLATION_SLUGS, cache_config, dowp_select, hook_check, keep_probe, load_model, model_rows,
     ratio_ablation,
     reference_clusters, route_test, run_ablations, table1_scores, test_sweep_items)
 from moelab.free_moe.report import (
@@ -30,9 +30,9 @@ from moelab.free_moe.report import (
     table1_summary, test_selected_row)
 
 __all__ = [
-    "ABLATION_CAPTION", "ABLATION_SLUGS", "DRY_RUN_SIZES", "GENERAL_CANDIDATES", "MATH_MC_LM_TASK", "ablation_sentence",
+    "ABLATION_CAPTION", "ABLATION_SLUGS", "GENERAL_CANDIDATES", "MATH_MC_LM_TASK", "ablation_sentence",
     "ablation_summary", "band_label", "baseline_sentence", "baseline_table_from_scores", "cache_config",
-    "check_model_path", "choose_general_tasks",
+    "choose_general_tasks",
     "closing_lines", "cluster_sentence", "config_for", "cross_domain_summary", "dowp_select", "group_sweep_tables",
     "hook_check", "keep_probe", "load_groups_for", "load_model", "model_rows",
     "model_scorecard", "plot_ablation", "plot_band_sweep",

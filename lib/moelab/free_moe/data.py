@@ -8,6 +8,7 @@ from functools import lru_cache
 from typing import Sequence
 
 import pandas as pd
+import torch
 
 from moelab import cache, progress
 from moelab.suite import instruct, lmeval, scorecard
@@ -280,8 +281,6 @@ def model_scorecard(model, tok, model_name: str, max_items: int, tasks: Sequence
     model: ``moelab.cache.path_identity`` of its folder) each task's per-item scores are cached on their own, so an
     interrupted run resumes task by task. Returns ``scorecard.summarize``'s rows (model, task, metric, n, acc, ci_low,
     ci_high, chance, ..., status, usable, reason). ``tasks``: default :func:`scorecard_tasks` (every candidate)."""
-    import torch
-
     tasks = scorecard_tasks() if tasks is None else tuple(tasks)
     if max_items < 1:
         raise ValueError(f"model_scorecard: max_items={max_items}, need at least one item per task")
@@ -296,4 +295,10 @@ def model_scorecard(model, tok, model_name: str, max_items: int, tasks: Sequence
         parts.append(compute() if cache_config is None else
                      cache.memo("free_moe_scorecard", dict(cache_config, step="scorecard", task=t, max_items=max_items,
                                                            batch_size=batch_size), compute))
-    return scorecard.summarize(pd.concat(parts, ignore_index=True), model_name)
+    items = pd.concat(parts, ignore_index=True)
+    if cache_config is None:
+        return scorecard.summarize(items, model_name)
+    # the rule's baselines (options-only classifiers over each task's pool) take seconds per task: cached by scores
+    return cache.memo("free_moe_scorecard", dict(cache_config, step="scorecard-rule", model_name=model_name,
+                                                 scores=cache.key({"csv": items.to_csv(index=False)})),
+                      lambda: scorecard.summarize(items, model_name))

@@ -116,8 +116,7 @@ def load_model(profile: str, model_path=None, device: str = "cpu"):
     profile's local folder (:func:`load_local_model`). ``device="cpu"`` loads it in fp32 on the CPU; ``"auto"`` places
     it by :func:`moelab.device.load_for_inference` (CUDA in bf16 when present, and says so; scoring, calibration and
     masks follow the weights' device). Returns (model, tok, name, scorecard name)."""
-    if profile == "paper":
-        check_model_path(model_path)                      # before anything else: a wrong path fails in seconds
+    if profile == "paper":                               # load_local_model checks MODEL_PATH before it loads
         loader, args, name = load_local_model, (model_path,), str(model_path)
         scorecard_name = name
     else:
