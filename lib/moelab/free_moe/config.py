@@ -120,8 +120,8 @@ CONFIGS = {
         ablate_bands=APPENDIX_BANDS, readings=_READINGS, device="auto", batch=8, card_items=300,
         budget="GPU when present (device='auto'); the paper's K per domain; one seed (test items are the unit of "
                "replication: one pretrained model with and without a mask); the scorecard measured on MODEL_PATH "
-               "(the committed one's item counts); Llama-2-7b: about 2 h of GPU work and 15-25 h of host-side mask "
-               "handling on one H100 machine (estimate, docs/paper-scale.md)"),
+               "(the committed one's item counts); Llama-2-7b: about 2 h of GPU work plus 10-22 h of host-side mask "
+               "handling, 12-24 h on one H100 machine (estimate, docs/paper-scale.md)"),
 }
 
 # The paper profile's dry run (issue 51): the paper configuration with sizes cut to the least that runs every code
