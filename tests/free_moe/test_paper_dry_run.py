@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from moelab import cache, inputs
+from moelab.claims import Tables
 from moelab import free_moe as fm
 from moelab.assets import MissingAsset
 from moelab.free_moe import claims as nb05
@@ -220,6 +221,15 @@ def test_claims_decide_a_users_model_with_its_own_scorecard(tmp_path):
     assert ok and "scorecard_model.csv (this run's model) gsm acc 0.600" in why
     with pytest.raises(nb05.MissingTable, match="no row for moelab_humaneval"):
         nb05.paper_metric_floor(_folder(tmp_path / "he", _card(set())), nb05.NLL_CODE)
+
+
+def test_gemma_rows_of_a_paper_run_say_where_they_are_scored(tmp_path):
+    _folder(tmp_path / "p")
+    (tmp_path / "p" / "provenance.json").write_text('{"notebook": "05_free_moe", "profile": "paper"}')
+    f = Tables(tmp_path / "p")
+    for cid in ("gemma_dowp_gain_gsm8k", "gemma_dowp_gain_gsm8k_gated"):
+        ev = next(c for c in nb05.CLAIMS if c.id == cid).evidence(f)
+        assert isinstance(ev, nb05.NotInProfile) and "one model at MODEL_PATH" in ev.reason, cid
 
 
 # ---------------------------------------------------------------- the dry run end to end
