@@ -55,17 +55,30 @@ from IPython.display import Markdown, display
 
 import moelab
 from moelab import assets, free_moe as fm
+from moelab.profiles import dry_run_table
 
 # %%
-run = moelab.start_run("05_free_moe", profile=PROFILE, seed=SEED)
-cfg = fm.config_for(PROFILE)
-torch.set_num_threads(1)  # the 2 cores are shared: one thread avoids oversubscription stalls
+run = moelab.start_run("05_free_moe", profile=PROFILE, seed=SEED, dry_run=DRY_RUN)
+cfg = fm.config_for(PROFILE, dry_run=DRY_RUN)
 T0 = time.time()
-model, tok, MODEL_NAME, SCORECARD_NAME = fm.load_model(PROFILE, MODEL_PATH, cfg.device)
-CACHE = dict(model=MODEL_NAME, profile=PROFILE, seed=SEED, n_ref=cfg.n_ref_cluster, K=cfg.K)
+model, tok, MODEL_NAME, SCORECARD_NAME = fm.load_model(PROFILE, MODEL_PATH, cfg.device)  # paper: MODEL_PATH checked first
+if next(model.parameters()).device.type == "cpu":  # the 2 cores are shared: one thread avoids oversubscription
+    torch.set_num_threads(1)  # stalls (2 threads: 2.3x slower dry run); on a GPU the placement's threads are kept
+CACHE = fm.cache_config(PROFILE, MODEL_NAME, SEED, cfg, MODEL_PATH)  # paper: keyed by MODEL_PATH's content too
 PAPER = dict(K="12 MMLU, 8 maths, 3 code", bands="50-55% … 95-100% (Tables 6-10)", n_ref_cluster="hundreds+",
              device="GPU", max_general="MMLU (57 subjects)", n_test="full test sets")
 fm.profile_table(PAPER)
+
+# %% [markdown]
+# Under `DRY_RUN` (paper profile only): what the dry run cuts. Every cell below runs on these sizes with the paper's
+# switches (device, patch size, ablations, band readings); no number from a dry run is evidence.
+
+# %%
+if DRY_RUN:
+    cuts = dry_run_table(fm.config_for("paper"), cfg, keep=("device", "patch", "ablate_sublayers", "readings", "he_n"))
+    run.save_table(cuts, "config", "dry-run-cuts", caption="what the dry run cuts: the paper profile's settings and "
+                   "the dry run's (sizes only)")
+    display(cuts)
 
 # %% [markdown]
 # ## 1 · The 4-bit origin of the weights
@@ -81,6 +94,26 @@ display(Markdown(f"Across {len(qstats)} matrices a block of 32 weights holds on 
                  f"{100 * qstats.below_half_step.mean():.2f}% of weights lie below half their block's grid step."))
 
 # %% [markdown]
+# ### Which tasks this model is usable on (the scorecard)
+# Accuracy claims are inside the regime only on tasks where the model beats chance, the best always-same-position
+# answer and the best question-blind baseline (the suite's scorecard rule, `moelab.suite.scorecard`; a likelihood task
+# when its bits per byte lie below 8). The committed scorecard (docs/scorecard.md) holds SmolLM2 and Gemma-3; the
+# paper profile measures the same rule on its own model here (`card_items` items per task, the committed scorecard's
+# counts, cached task by task), so its claims are decided by the same rules as the CPU profiles'.
+
+# %%
+CANDIDATES = fm.GENERAL_CANDIDATES[:cfg.n_candidates]  # the general tasks are chosen among these (section 2)
+if cfg.card_items:
+    card = fm.model_scorecard(model, tok, SCORECARD_NAME, cfg.card_items, fm.data.scorecard_tasks(len(CANDIDATES)),
+                              batch_size=cfg.batch, cache_config=CACHE)
+    run.save_table(card, "scorecard", "model", caption="the scorecard measured on this run's model (per task: items, "
+                   "score with 95% interval, chance, baselines, status and reason; rule of moelab.suite.scorecard)")
+    display(card[["task", "metric", "n", "acc", "ci_low", "ci_high", "chance", "status", "reason"]])
+else:
+    card = None
+    display(Markdown(f"{MODEL_NAME}: the committed scorecard (docs/scorecard.md) is read, not measured again."))
+
+# %% [markdown]
 # ## 2 · Main domains, task types, and subdomains with enough reference items (Eq. 2-3)
 # Three main domains from the suite: general (BIG-bench multiple choice), maths (`elementary_math_qa` multiple choice
 # and GSM-style answers) and code (stdlib function-writing answers for selection; HumanEval canonical solutions and
@@ -90,7 +123,7 @@ display(Markdown(f"Across {len(qstats)} matrices a block of 32 weights holds on 
 # `min_ref` reference items, the group uses fewer clusters (the table says which).
 
 # %%
-general_tasks, task_note = fm.choose_general_tasks(SCORECARD_NAME, fm.GENERAL_CANDIDATES, cfg.max_general)
+general_tasks, task_note = fm.choose_general_tasks(SCORECARD_NAME, CANDIDATES, cfg.max_general, card)
 data = fm.load_groups_for(general_tasks, cfg)
 clusters = fm.reference_clusters(model, tok, data["pools"], cfg.K, cfg.n_ref_cluster, cfg.min_ref, seed=SEED)
 counts = fm.split_counts(data, clusters)
@@ -175,7 +208,7 @@ run.save_table(scores, "table1", "main-items", caption="per test item, method an
 summary = fm.table1_summary(scores, target={"acc": 2.0, "pass@1": 1.28})
 run.save_table(summary.round(4), "table1", "summary", caption="method - BASELINE per task and per domain, one metric "
                "at a time: paired t 95% interval, MDE (80% power), items needed for the paper's gain")
-run.save_table(fm.regime_table(SCORECARD_NAME, scores), "table1", "regime", caption="per test task: the scorecard's "
+run.save_table(fm.regime_table(SCORECARD_NAME, scores, card), "table1", "regime", caption="per test task: the scorecard's "
                "usability for this model (accuracy claims on an unusable task are outside the regime)")
 
 # %%

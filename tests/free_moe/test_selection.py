@@ -152,5 +152,5 @@ def test_notebook_is_a_method_section():
     for n in ast.walk(tree):
         if isinstance(n, (ast.For, ast.While)):
             assert n.end_lineno - n.lineno + 1 <= 3, n.lineno
-    assert "fm.config_for(PROFILE)" in src and "fm.profile_table(" in src
+    assert "fm.config_for(PROFILE, dry_run=DRY_RUN)" in src and "fm.profile_table(" in src
     assert not re.search(r"/work/shared|\.\./shared", src)

@@ -17,9 +17,10 @@ from moelab.free_moe.config import (
 from moelab.free_moe.method import (
     band_label)
 from moelab.free_moe.data import (
-    GENERAL_CANDIDATES, MATH_MC_LM_TASK, choose_general_tasks, load_groups_for)
+    GENERAL_CANDIDATES, MATH_MC_LM_TASK, choose_general_tasks, load_groups_for, model_scorecard)
 from moelab.free_moe.experiment import (
-    ABLATION_SLUGS, dowp_select, hook_check, keep_probe, load_model, model_rows, ratio_ablation,
+    ABLATION_SLUGS, cache_config, dowp_select, hook_check, keep_probe, load_model, model_rows,
+    ratio_ablation,
     reference_clusters, route_test, run_ablations, table1_scores, test_sweep_items)
 from moelab.free_moe.report import (
     ABLATION_CAPTION, ablation_sentence, ablation_summary, baseline_sentence, baseline_table_from_scores,
@@ -30,9 +31,11 @@ from moelab.free_moe.report import (
 
 __all__ = [
     "ABLATION_CAPTION", "ABLATION_SLUGS", "GENERAL_CANDIDATES", "MATH_MC_LM_TASK", "ablation_sentence",
-    "ablation_summary", "band_label", "baseline_sentence", "baseline_table_from_scores", "choose_general_tasks",
+    "ablation_summary", "band_label", "baseline_sentence", "baseline_table_from_scores", "cache_config",
+    "choose_general_tasks",
     "closing_lines", "cluster_sentence", "config_for", "cross_domain_summary", "dowp_select", "group_sweep_tables",
-    "hook_check", "keep_probe", "load_groups_for", "load_model", "model_rows", "plot_ablation", "plot_band_sweep",
+    "hook_check", "keep_probe", "load_groups_for", "load_model", "model_rows",
+    "model_scorecard", "plot_ablation", "plot_band_sweep",
     "plot_baselines", "plot_improvements", "plot_keep", "plot_reference_vs_test", "profile_table",
     "quantisation_grid_stats", "ratio_ablation", "reference_clusters", "reference_vs_test", "regime_table",
     "route_test", "run_ablations", "run_summary", "selection_sentence", "share_table", "split_counts",

@@ -89,10 +89,32 @@ SCORECARD_USABLE = {"smollm2-135m-instruct": ("nll_code", "nll_maths", "nll_reas
                     "gemma-3-270m": ("humaneval", "nll_code", "nll_maths", "nll_reasoning")}
 
 
+CARD = "scorecard_model"   # the scorecard measured on the run's own model (the paper profile: card_items > 0)
+
+
+def _card_row(T, name: str, items: str):
+    """The row of ``moelab_<name>`` in the scorecard this run measured on its model (``scorecard_model.csv``, same rule
+    as docs/scorecard.md), or None where the folder reads the committed scorecard (the CPU profiles, Gemma's rows)."""
+    if items == GEMMA_ITEMS or not T.has(CARD):
+        return None
+    card = T.csv(CARD)
+    row = card[card.task == f"moelab_{name}"]
+    if row.empty:
+        raise MissingTable(f"{CARD}.csv has no row for moelab_{name}: the scorecard of this run's model must cover "
+                           "every task notebook 05 reads (free_moe.data.scorecard_tasks)")
+    return row.iloc[0]
+
+
 def _scorecard_usable(T, task: str, items: str = ITEMS) -> tuple[bool, str]:
-    """Whether docs/scorecard.md marks ``task`` usable for the run's model (read from the per-item table)."""
+    """Whether the scorecard marks ``task`` usable for the run's model: the one this run measured on its model where
+    the folder holds it (``scorecard_model.csv``, the paper profile), else docs/scorecard.md (read from the
+    per-item table's model name)."""
     model = str(T.csv(items)["model"].iloc[0]).lower()
     name = task[len("moelab_"):] if task.startswith("moelab_") else task
+    if (r := _card_row(T, name, items)) is not None:
+        ok = r.status == "usable"
+        return ok, (f"{CARD}.csv (this run's model, the scorecard's rule): {name} {r.metric} {float(r.acc):.3f} "
+                    f"[{float(r.ci_low):.3f}, {float(r.ci_high):.3f}] on {int(r.n)} items, {r.status} ({r.reason})")
     ok = name in SCORECARD_USABLE.get(model, ())
     return ok, f"docs/scorecard.md: {name} {'usable' if ok else 'not usable'} for {model}"
 
@@ -157,10 +179,15 @@ SWEEP_CHECK = ("our band sweep keeps the paper's shape: across the 50-100% bands
 
 
 def paper_metric_floor(T, task: str, items: str = ITEMS) -> tuple[bool, str]:
-    """(a): whether docs/scorecard.md marks the paper-metric task of ``task`` usable for the run's model, and the
-    number it gives."""
+    """(a): whether the scorecard (this run's, else docs/scorecard.md) marks the paper-metric task of ``task`` usable
+    for the run's model, and the number it gives."""
     model = str(T.csv(items)["model"].iloc[0]).lower()
     name, column = PAPER_TASK[task]
+    if (r := _card_row(T, name, items)) is not None:
+        ok = r.status == "usable"
+        return ok, (f"paper metric {column}: {CARD}.csv (this run's model) {name} {r.metric} {float(r.acc):.3f} "
+                    f"[{float(r.ci_low):.3f}, {float(r.ci_high):.3f}] on {int(r.n)} items, "
+                    f"{'usable' if ok else 'not usable (at the floor)'}")
     ok = name in SCORECARD_USABLE.get(model, ())
     score = SCORECARD_PAPER_METRIC.get((model, name), "not scored")
     return ok, (f"paper metric {column}: docs/scorecard.md {name} {score} for {model}, "
@@ -305,11 +332,17 @@ def no_band_selected(T, task: str, selected: str = SELECTED) -> str | None:
             f"0 (best bands: {best}), so under the gate every cluster keeps the dense model and DOWP equals it here")
 
 
+# where the Gemma-3-270M rows (Table 1's Gemma-7b stand-in) are not run, and why
+GEMMA_ELSEWHERE = {p: "the Gemma-3-270M rows are run by the full profile" for p in ("smoke", "default")} | {
+    "paper": "the paper profile scores the one model at MODEL_PATH in the LLaMA-2-7b-chat rows; the Gemma-3-270M rows "
+             "are run by the full profile"}
+
+
 def pair_evidence(task: str, metric: str, a: str, b: str, table: str = ITEMS, selected: str = SELECTED):
     """Items evidence: method ``a`` vs ``b`` on the same test items of ``task`` in ``metric`` (``table``)."""
     def evidence(T):
-        if table == GEMMA_ITEMS and not T.has(table) and T.profile in ("smoke", "default"):
-            return NotInProfile("full", "the Gemma-3-270M rows are run by the full profile")
+        if table == GEMMA_ITEMS and not T.has(table) and T.profile in GEMMA_ELSEWHERE:
+            return NotInProfile("full", GEMMA_ELSEWHERE[T.profile])
         if table in (ITEMS, GEMMA_ITEMS) and (why := no_band_selected(T, task, selected)) is not None:
             return Insufficient(why)
         p = _pivot(T, table, task, metric)
@@ -418,8 +451,8 @@ def alg1_evidence(task: str, metric: str, method: str, gemma: bool = False, vs: 
             return NotInProfile("full", "HumanEval pass@10 needs 10 samples per problem (he_n = 10); this profile "
                                         "scores greedy pass@1")
         if gemma and not T.has(GEMMA_ITEMS):
-            if T.profile in ("smoke", "default"):
-                return NotInProfile("full", "the Gemma-3-270M rows are run by the full profile")
+            if T.profile in GEMMA_ELSEWHERE:
+                return NotInProfile("full", GEMMA_ELSEWHERE[T.profile])
             return Insufficient(NEXT_RUN.format(t=GEMMA_ITEMS))
         def regime():
             try:

@@ -16,7 +16,7 @@ import pandas as pd
 from moelab.free_moe.method import APPENDIX_BANDS
 from moelab.profiles import check_profile
 
-__all__ = ["FreeMoeConfig", "CONFIGS", "config_for", "profile_table", "GROUPS", "MIN_REF"]
+__all__ = ["FreeMoeConfig", "CONFIGS", "DRY_RUN_SIZES", "config_for", "profile_table", "GROUPS", "MIN_REF"]
 
 MIN_REF = 40                     # reference items per cluster, at least
 # selection groups: (main domain, task type). MC selects for MC, generative (answer likelihood) for generative
@@ -59,6 +59,10 @@ class FreeMoeConfig:
     batch: int = 16
     min_ref: int = MIN_REF
     max_code_chars: int = 0                # smoke only: code reference answers at most this long (0 = any)
+    card_items: int = 0                    # scorecard items per task measured on this run's model (0: read the
+    #                                        committed data/scorecard.csv, which holds SmolLM2 and Gemma-3 only)
+    n_candidates: int = 6                  # general tasks chosen from (data.GENERAL_CANDIDATES[:n], all 6) and,
+    #                                        with card_items, scored by the run's scorecard
     budget: str = ""
 
     def __post_init__(self):
@@ -69,6 +73,11 @@ class FreeMoeConfig:
         bad = [b for b in self.bands if b not in APPENDIX_BANDS]
         if bad:
             raise ValueError(f"bands {bad} are not on the paper's 50-100% grid {APPENDIX_BANDS}")
+        if not self.max_general <= self.n_candidates:
+            raise ValueError(f"n_candidates={self.n_candidates} < max_general={self.max_general}: choose the general "
+                             "tasks from at least max_general candidates")
+        if self.card_items < 0:
+            raise ValueError(f"card_items={self.card_items}: expected 0 (committed scorecard) or items per task")
         if self.device not in ("cpu", "auto"):
             raise ValueError(f"device={self.device!r}: expected 'cpu' or 'auto'")
 
@@ -108,15 +117,37 @@ CONFIGS = {
         n_ref_cluster=60, pool_per_task=2000, n_test=500, code_test=164, n_he=164, he_n=10, he_tokens=256,
         n_train=300, code_train=300, bands=APPENDIX_BANDS, calib_tokens=8192, patch=1, ratios=(1.0, 3.0),
         n_probe=100, n_sweep=150, n_hook=8, ablate_sublayers=True, ablate_patch=(2, 4, 16), ablate_K=(10, 12, 14),
-        ablate_bands=APPENDIX_BANDS, readings=_READINGS, device="auto", batch=8,
-        budget="GPU when present (device='auto'); the paper's K per domain"),
+        ablate_bands=APPENDIX_BANDS, readings=_READINGS, device="auto", batch=8, card_items=300,
+        budget="GPU when present (device='auto'); the paper's K per domain; one seed (test items are the unit of "
+               "replication: one pretrained model with and without a mask); the scorecard measured on MODEL_PATH "
+               "(the committed one's item counts); Llama-2-7b: about 2 h of GPU work plus 10-22 h of host-side mask "
+               "handling, 12-24 h on one H100 machine (estimate, docs/paper-scale.md)"),
 }
 
+# The paper profile's dry run (issue 51): the paper configuration with sizes cut to the least that runs every code
+# path of its notebook (every cell, each ablation table, pass@10 with 10 samples, the test-selected sweep, K > 1 in
+# the general group, both band readings, the scorecard measured on the model); the switches (ablations on, readings,
+# patch 1, device "auto", no Gemma-3 rows) are the paper's. On a 2-layer stand-in it takes about a minute on 2 cores.
+DRY_RUN_SIZES = dict(
+    max_general=1, K={"general-mc": 2, "maths-mc": 1, "maths-gen": 1, "code-gen": 1}, n_ref_cluster=4,
+    pool_per_task=12, n_test=4, code_test=2, n_he=1, he_tokens=8, n_train=24, code_train=24, bands=_COARSE,
+    calib_tokens=128, n_probe=2, n_sweep=1, n_hook=2, ablate_patch=(2,), ablate_K=(2,), ablate_bands=_COARSE[1:],
+    min_ref=4, max_code_chars=200, card_items=4, n_candidates=2,
+    budget="dry run: about 1 min on 2 CPU cores on the stand-in (sizes only; no number is evidence)")
 
-def config_for(profile: str, **overrides) -> FreeMoeConfig:
-    """The frozen configuration of ``profile`` (``overrides`` replace fields, e.g. in tests)."""
+
+def config_for(profile: str, dry_run: bool = False, **overrides) -> FreeMoeConfig:
+    """The frozen configuration of ``profile`` (``overrides`` replace fields, e.g. in tests). ``dry_run`` (paper
+    profile only): the paper configuration with the sizes of ``DRY_RUN_SIZES`` (``moelab.profiles.dry_run_table``
+    lists what that cuts)."""
     check_profile(profile)
-    return replace(CONFIGS[profile], **overrides) if overrides else CONFIGS[profile]
+    cfg = CONFIGS[profile]
+    if dry_run:
+        if profile != "paper":
+            raise ValueError(f"dry_run=True is for the paper profile, got profile={profile!r}: run "
+                             "python -m moelab.runner run --profile paper --dry-run --only 05")
+        cfg = replace(cfg, **DRY_RUN_SIZES)
+    return replace(cfg, **overrides) if overrides else cfg
 
 
 def profile_table(paper: dict | None = None) -> pd.DataFrame:

@@ -8,11 +8,14 @@ from functools import lru_cache
 from typing import Sequence
 
 import pandas as pd
+import torch
 
+from moelab import cache, progress
 from moelab.suite import instruct, lmeval, scorecard
 
-__all__ = ["MATH_MC_LM_TASK", "GENERAL_CANDIDATES", "task_usability", "load_domains", "load_groups", "load_groups_for",
-           "choose_general_tasks", "primary_metric", "as_likelihood_item",
+__all__ = ["MATH_MC_LM_TASK", "GENERAL_CANDIDATES", "SCORECARD_TASKS", "task_usability", "load_domains", "load_groups",
+           "load_groups_for", "choose_general_tasks", "primary_metric", "as_likelihood_item", "model_scorecard",
+           "scorecard_tasks",
            "calibration_text", "tokenize_batches"]
 
 MATH_MC_LM_TASK = "moelab_math_mc"             # the maths domain's multiple-choice task (elementary_math_qa)
@@ -103,13 +106,18 @@ def _usable_tasks(model_name: str) -> frozenset:
     return frozenset(rows[rows.status == "usable"].task)
 
 
-def choose_general_tasks(model_name: str, candidates: Sequence[str], max_tasks: int) -> tuple[list[str], str]:
+def choose_general_tasks(model_name: str, candidates: Sequence[str], max_tasks: int,
+                         card: pd.DataFrame | None = None) -> tuple[list[str], str]:
     """General-domain lm tasks: the candidates the suite's scorecard marks usable (above chance) for ``model_name``,
-    in candidate order; without a scorecard, the first candidates (the returned note says which happened)."""
+    in candidate order; without a scorecard, the first candidates (the returned note says which happened). ``card``:
+    the scorecard measured on this run's model (:func:`model_scorecard`, the paper profile), else the committed one."""
     try:
-        if not scorecard.CSV.exists():      # never trigger the (hour-long) scorecard build from here
+        if card is not None:
+            usable = frozenset(card[card.status == "usable"].task)
+        elif not scorecard.CSV.exists():    # never trigger the (hour-long) scorecard build from here
             return list(candidates[:max_tasks]), "no committed scorecard yet; fixed candidate list used"
-        usable = _usable_tasks(model_name)
+        else:
+            usable = _usable_tasks(model_name)
     except ValueError as e:  # model not in the scorecard: say so in the notebook
         return list(candidates[:max_tasks]), f"scorecard unusable ({e}); fixed candidate list used"
     chosen = [t for t in candidates if t in usable][:max_tasks]
@@ -231,10 +239,15 @@ GENERAL_CANDIDATES = ("moelab_bb_date_understanding", "moelab_bb_hyperbaton", "m
                       "moelab_bb_navigate", "moelab_bb_causal_judgment", "moelab_bb_winowhy")
 
 
-def task_usability(model_name: str, tasks: Sequence[str]) -> dict:
-    """Per lm task: ``usable`` / ``not usable`` from the suite's committed scorecard (the model beats chance and the
-    options-only baselines, or a bits-per-byte interval below 8), or ``not in the scorecard``. Accuracy claims on a
-    task that is not usable are outside the regime."""
+def task_usability(model_name: str, tasks: Sequence[str], card: pd.DataFrame | None = None) -> dict:
+    """Per lm task: ``usable`` / ``not usable`` from the suite's committed scorecard, or from ``card`` (the scorecard
+    measured on this run's model, :func:`model_scorecard`) when given (the model beats chance and the options-only
+    baselines, or a bits-per-byte interval below 8), or ``not in the scorecard``. Accuracy claims on a task that is
+    not usable are outside the regime."""
+    if card is not None:
+        status = dict(zip(card.task, card.status))
+        return {t: "usable" if status.get(t) == "usable" else "not usable" if t in status else "not in the scorecard"
+                for t in tasks}
     try:
         usable = _usable_tasks(model_name) if scorecard.CSV.exists() else None
     except ValueError:
@@ -242,3 +255,50 @@ def task_usability(model_name: str, tasks: Sequence[str]) -> dict:
     if usable is None:
         return {t: "not in the scorecard" for t in tasks}
     return {t: "usable" if t in usable else "not usable" for t in tasks}
+
+
+# the tasks notebook 05 tests on or reads the paper's metric of, besides the general candidates: MathQA's stand-in,
+# the GSM-style and HumanEval-solution likelihoods, and GSM exact match / HumanEval pass@1 (the paper's metrics, which
+# decide whether a likelihood may stand in for them: claims.paper_metric_floor)
+SCORECARD_TASKS = (MATH_MC_LM_TASK, "moelab_nll_maths", "moelab_nll_code", "moelab_gsm", "moelab_humaneval")
+
+
+def scorecard_tasks(n_candidates: int = len(GENERAL_CANDIDATES)) -> tuple[str, ...]:
+    """Every task notebook 05 reads for a run that chooses its general tasks among the first ``n_candidates`` of
+    ``GENERAL_CANDIDATES``: those candidates, then ``SCORECARD_TASKS``."""
+    return (*GENERAL_CANDIDATES[:n_candidates], *SCORECARD_TASKS)
+
+
+def model_scorecard(model, tok, model_name: str, max_items: int, tasks: Sequence[str] | None = None,
+                    batch_size: int = 8, cache_config: dict | None = None) -> pd.DataFrame:
+    """The suite's scorecard measured on this run's model (the paper profile: the committed ``data/scorecard.csv``
+    holds SmolLM2-135M-Instruct and Gemma-3-270M only): per task the first ``min(scorecard limit, max_items)`` items
+    of its fixed pool scored through lm-eval (``scorecard.per_item_scores``, as ``python -m moelab.suite.scorecard
+    build`` does), then the same usability rule (``scorecard.summarize``: a multiple-choice task is usable when the
+    model beats chance, the best always-same-position and the best question-blind baseline in one-sided paired tests
+    at 5%; a bits-per-byte task when its interval lies below 8; GSM / HumanEval when the interval lies above 0).
+    ``max_items`` >= 300 gives the committed scorecard's item counts. With ``cache_config`` (which must identify the
+    model: ``moelab.cache.path_identity`` of its folder) each task's per-item scores are cached on their own, so an
+    interrupted run resumes task by task. Returns ``scorecard.summarize``'s rows (model, task, metric, n, acc, ci_low,
+    ci_high, chance, ..., status, usable, reason). ``tasks``: default :func:`scorecard_tasks` (every candidate)."""
+    tasks = scorecard_tasks() if tasks is None else tuple(tasks)
+    if max_items < 1:
+        raise ValueError(f"model_scorecard: max_items={max_items}, need at least one item per task")
+    unknown = [t for t in tasks if t not in lmeval.TASKS]
+    if unknown:
+        raise ValueError(f"model_scorecard: {unknown} are not moelab lm tasks ({lmeval.TASKS})")
+    parts = []
+    for t in progress.bar(list(tasks), desc="scorecard of this model", unit="task"):
+        def compute(t=t):
+            with torch.no_grad():
+                return scorecard.per_item_scores(model, tok, [t], batch_size=batch_size, max_items=max_items)
+        parts.append(compute() if cache_config is None else
+                     cache.memo("free_moe_scorecard", dict(cache_config, step="scorecard", task=t, max_items=max_items,
+                                                           batch_size=batch_size), compute))
+    items = pd.concat(parts, ignore_index=True)
+    if cache_config is None:
+        return scorecard.summarize(items, model_name)
+    # the rule's baselines (options-only classifiers over each task's pool) take seconds per task: cached by scores
+    return cache.memo("free_moe_scorecard", dict(cache_config, step="scorecard-rule", model_name=model_name,
+                                                 scores=cache.key({"csv": items.to_csv(index=False)})),
+                      lambda: scorecard.summarize(items, model_name))

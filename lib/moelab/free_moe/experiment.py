@@ -14,8 +14,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from moelab import assets, cache, progress
-from moelab.assets import MissingAsset
+from moelab import assets, cache, inputs, progress
 from moelab.device import load_for_inference
 from moelab.free_moe.data import calibration_text, tokenize_batches
 from moelab.free_moe.method import (SUBLAYERS, WANDA_BAND, InputNorms, MaskSwitcher, MultiLevelRouter, apply_mask,
@@ -23,10 +22,9 @@ from moelab.free_moe.method import (SUBLAYERS, WANDA_BAND, InputNorms, MaskSwitc
                                     patch_ranks, restrict_mask, target_linears)
 from moelab.free_moe.scoring import ITEM_METRICS, ScoreFn, humaneval_score_fn, item_metrics, score_items
 from moelab.stats import paired_t_interval
-from moelab.profiles import paper_input_hint
 from moelab.suite import lmeval
 
-__all__ = ["load_model", "Clusters", "reference_clusters", "cluster_keys", "route_test", "LONG_METRICS", "to_long",
+__all__ = ["load_model", "check_model_path", "cache_config", "MODEL_TYPES", "Clusters", "reference_clusters", "cluster_keys", "route_test", "LONG_METRICS", "to_long",
            "table1_scores", "keep_probe", "purified_pct", "ablation_items", "ratio_ablation", "sublayer_ablation",
            "reselect_ablation", "hook_check", "model_rows", "test_sweep_items", "ABLATION_SLUGS", "run_ablations",
            "band_sweep", "select_bands", "load_local_model", "assign_subdomains", "subdomain_norms", "routed_scores",
@@ -88,13 +86,23 @@ def select_bands(sweep: pd.DataFrame, bands: Sequence[tuple[float, float]]) -> d
     return best
 
 
+PAPER_MODEL = "a local Hugging Face folder of Llama-2-7b-chat, Llama-2-13b-chat, Gemma-7b or Gemma-2-9b"
+MODEL_TYPES = ("llama", "gemma", "gemma2")     # config.json model_type of the paper's models (Llama/Gemma projections)
+
+
+def check_model_path(path) -> dict:
+    """The paper profile's ``MODEL_PATH`` checked in the notebook's first seconds, before anything is loaded or
+    scored (``moelab.inputs.require_hf_model``): a folder with ``config.json`` whose ``model_type`` is one of
+    ``MODEL_TYPES``, weights and a tokenizer. ``None`` or a missing path -> ``MissingAsset``; a wrong layout ->
+    ``InputFormatError`` naming the parameter, the file, the field and the fix. Returns the parsed config."""
+    return inputs.require_hf_model("05", "MODEL_PATH", path, PAPER_MODEL, model_types=MODEL_TYPES)
+
+
 def load_local_model(path, dtype=torch.float32):
     """Paper profile (LLaMA-2-7b-chat, LLaMA-2-13b-chat, Gemma-7b, Gemma-2-9b): load a Hugging Face folder from a local
-    path. ``None`` or a missing folder -> ``moelab.assets.MissingAsset`` naming the path."""
-    if path is None or not Path(path).is_dir() or not (Path(path) / "config.json").exists():
-        raise MissingAsset("Free-MoE paper model", f"no local Hugging Face folder at {path!r}",
-                           paper_input_hint("05", "MODEL_PATH", "a local Hugging Face folder of Llama-2-7b-chat, "
-                                            "Llama-2-13b-chat, Gemma-7b or Gemma-2-9b"))
+    path, checked first by :func:`check_model_path` (``None`` or a missing folder -> ``moelab.assets.MissingAsset``
+    naming the path and the parameter; another layout -> ``moelab.inputs.InputFormatError``)."""
+    check_model_path(path)
     tok = AutoTokenizer.from_pretrained(str(path))
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -108,7 +116,7 @@ def load_model(profile: str, model_path=None, device: str = "cpu"):
     profile's local folder (:func:`load_local_model`). ``device="cpu"`` loads it in fp32 on the CPU; ``"auto"`` places
     it by :func:`moelab.device.load_for_inference` (CUDA in bf16 when present, and says so; scoring, calibration and
     masks follow the weights' device). Returns (model, tok, name, scorecard name)."""
-    if profile == "paper":
+    if profile == "paper":                               # load_local_model checks MODEL_PATH before it loads
         loader, args, name = load_local_model, (model_path,), str(model_path)
         scorecard_name = name
     else:
@@ -116,6 +124,17 @@ def load_model(profile: str, model_path=None, device: str = "cpu"):
         name, scorecard_name = "SmolLM2-135M-Instruct", "smollm2-135m-instruct"
     model, tok = loader(*args) if device == "cpu" else load_for_inference(loader, *args, device=device)
     return model, tok, name, scorecard_name
+
+
+def cache_config(profile: str, model_name: str, seed: int, cfg, model_path=None) -> dict:
+    """The configuration every cached step of notebook 05 is keyed by (calibration statistics, band sweeps, Table 1
+    scores, the ablations' re-selections, the scorecard of the paper profile's model). The paper profile adds
+    ``model_id`` = :func:`moelab.cache.path_identity` of ``MODEL_PATH`` (resolved path and a digest of its files), so
+    another model in the same folder, or the same name at another path, never reuses an entry."""
+    out = dict(model=model_name, profile=profile, seed=seed, n_ref=cfg.n_ref_cluster, K=cfg.K)
+    if profile == "paper":
+        out["model_id"] = cache.path_identity(model_path)
+    return out
 
 
 def assign_subdomains(model: nn.Module, tok, reference: dict, test: dict, k: int, seed: int = 0,

@@ -697,11 +697,12 @@ def table1_summary(scores: pd.DataFrame, target: dict | None = None) -> pd.DataF
                       for m in ("DOWP", "FREE-MOE") if m in set(scores.method)], ignore_index=True)
 
 
-def regime_table(model_name: str, scores: pd.DataFrame) -> pd.DataFrame:
-    """Per test task and metric: the scorecard's usability of the task for the model, and whether accuracy claims on
-    it are inside the regime (usable) or ``outside the regime`` (the model is at chance there)."""
+def regime_table(model_name: str, scores: pd.DataFrame, card: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per test task and metric: the scorecard's usability of the task for the model (``card``: the scorecard
+    measured on this run's model, else the committed one), and whether accuracy claims on it are inside the regime
+    (usable) or ``outside the regime`` (the model is at chance there)."""
     tasks = list(dict.fromkeys(scores.task))
-    status = task_usability(model_name, tasks)
+    status = task_usability(model_name, tasks, card)
     rows = [dict(task=t, metrics=", ".join(dict.fromkeys(scores[scores.task == t].metric)), scorecard=status[t],
                  accuracy_claims="inside the regime" if status[t] != "not usable" else "outside the regime")
             for t in tasks]
