@@ -51,6 +51,8 @@ cfg = C.settings(SEED, tuned, eesd_decay=cu.eesd_decay_for(tuned["steps"]))
 run.save_json({**{k: v for k, v in cfg.items() if k != "vision"}, "vision": cfg["vision"] and
                {k: v for k, v in cfg["vision"].items() if k != "vit"}, "tuned": tuned}, "config")
 display(cu.profile_table(PROFILE))
+
+# %%
 if DRY_RUN:  # what the paper profile's dry run cuts (sizes only; the model, data and every switch are the paper's)
     cuts = cu.dry_run_table()
     run.save_table(cuts, "dry-run", "cuts", caption="settings the dry run cuts, and the switches it keeps")

@@ -75,7 +75,7 @@ from .report import special_token_ranks_table, special_token_summary
 __all__ = [
     "OPENAI_MEAN", "OPENAI_STD", "ClipBundle", "ImageTextPairs", "read_openclip_state", "openclip_to_hf",
     "load_clip", "read_pair_rows", "load_image_text_pairs", "clip_pixels", "ImageTextDataset", "clip_loss",
-    "make_clip_loss_fn", "encode_images", "encode_texts", "clip_retrieval_r1", "clip_calibration",
+    "make_clip_loss_fn", "encode_images", "encode_texts", "clip_retrieval_r1", "retrieval_hits", "clip_calibration",
     "run_clip_condition", "clip_runs", "clip_special_token_study",
 ]
 
@@ -274,7 +274,8 @@ def openclip_to_hf(sd: dict, oc: dict, tokenizer=None, where="CLIP_PATH") -> tup
                          layer_norm_eps=1e-5, projection_dim=sd["text_projection"].shape[1],
                          **({} if eos is None else dict(eos_token_id=eos, bos_token_id=tokenizer.bos_token_id,
                                                         pad_token_id=tokenizer.pad_token_id))),
-        vision_config=dict(hidden_size=vw, intermediate_size=sd["visual.transformer.resblocks.0.mlp.c_fc.weight"].shape[0],
+        vision_config=dict(hidden_size=vw,
+                           intermediate_size=sd["visual.transformer.resblocks.0.mlp.c_fc.weight"].shape[0],
                            num_hidden_layers=nv, num_attention_heads=vheads, image_size=grid * patch,
                            patch_size=patch, num_channels=sd["visual.conv1.weight"].shape[1], hidden_act="gelu",
                            layer_norm_eps=1e-5, projection_dim=sd["visual.proj"].shape[1]),
@@ -374,8 +375,9 @@ def read_pair_rows(path, root=None, n: int | None = None) -> list[tuple[str, str
         img = next((c for c in IMAGE_FIELDS if c in df.columns), None)
         cap = next((c for c in CAPTION_FIELDS if c in df.columns), None)
         if img is None or cap is None:
-            raise InputFormatError(NB, "PAIRS_PATH", path, f"has no column {'/'.join(IMAGE_FIELDS) if img is None else '/'.join(CAPTION_FIELDS)}"
-                                   f" (columns: {list(df.columns)[:8]})", "name the columns filepath and title "
+            col = "/".join(IMAGE_FIELDS if img is None else CAPTION_FIELDS)
+            raise InputFormatError(NB, "PAIRS_PATH", path, f"has no column {col} (columns: {list(df.columns)[:8]})",
+                                   "name the columns filepath and title "
                                    "(open_clip's --csv-img-key / --csv-caption-key defaults); a .tsv is tab-separated")
         rows = list(zip(df[img], df[cap]))
     else:
@@ -494,7 +496,7 @@ class ImageTextDataset(torch.utils.data.Dataset):
 # Loss, encoding, retrieval
 # ---------------------------------------------------------------------------------------------------------------
 def clip_loss(img: torch.Tensor, txt: torch.Tensor, logit_scale: torch.Tensor) -> torch.Tensor:
-    """open_clip's ``ClipLoss``: with unit embeddings ``u_i`` (images) and ``v_j`` (captions) and ``s = exp(logit_scale)``,
+    """open_clip's ``ClipLoss``: with unit embeddings ``u_i`` (images), ``v_j`` (captions), ``s = exp(logit_scale)``,
     ``L = 1/2 [CE(s U V^T, i) + CE(s V U^T, i)]`` (the i-th caption is the i-th image's)."""
     u, v = F.normalize(img.float(), dim=-1), F.normalize(txt.float(), dim=-1)
     logits = logit_scale.float().exp() * u @ v.T  # [B, B]
@@ -568,9 +570,15 @@ def clip_retrieval_r1(model, bundle: ClipBundle, test, batch_size: int = 128) ->
     owner = torch.as_tensor(pd.Index(images).get_indexer([p for p, _ in test]))  # each caption's image
     u = encode_images(model, bundle, images, batch_size)
     v = encode_texts(model, bundle, [c for _, c in test], batch_size)
-    s = u @ v.T  # cosine similarities [images, captions]
-    i2t = (owner[s.argmax(1)] == torch.arange(len(images))).float().numpy()
-    t2i = (s.argmax(0) == owner).float().numpy()
+    return retrieval_hits(u @ v.T, owner)
+
+
+def retrieval_hits(sim: torch.Tensor, owner: torch.Tensor) -> dict:
+    """Per-item R@1 hits from the similarities ``sim`` [images, captions] and ``owner`` [captions] (each caption's
+    image index): ``a2p`` [images] = 1 where ``owner[argmax_j sim[i, j]] = i``, ``p2a`` [captions] = 1 where
+    ``argmax_i sim[i, j] = owner[j]``."""
+    i2t = (owner[sim.argmax(1)] == torch.arange(sim.shape[0])).float().numpy()
+    t2i = (sim.argmax(0) == owner).float().numpy()
     return {"a2p": i2t, "p2a": t2i}
 
 

@@ -186,7 +186,8 @@ PAPER_DRY_RUN = dict(seed_offsets=(0, 1), n_test=16, n_probe=8, calib_texts=32, 
                      fixed_training=dict(PAPER_TRAINING, steps=4, batch_size=8), num_workers=0, ckpt_every=2,
                      eval_batch=16, budget="dry run: a minute on a CPU (formats and code paths; no evidence)")
 # what the dry-run table shows although the dry run keeps it: the switches that decide which code runs
-DRY_RUN_KEEP = ("methods", "special_tokens", "num_experts", "top_k", "energy", "eesd_weight", "max_len", "lr")
+DRY_RUN_KEEP = ("methods", "special_tokens", "num_experts", "top_k", "energy", "eesd_weight", "aux_coef", "max_len",
+                "weight_decay")
 
 PAPER_SETTING = dict(dense_model="CLIP ViT-B/32, B/16 (4.0B samples)", moe="every other FFN, 8 experts, top-2",
                      continued_training="1.3B LAION samples",
