@@ -175,7 +175,8 @@ CONFIGS = {
         calib_tokens=65536, benchmarks=None, bench_all_seeds=False, pairs_profile="full",
         fallback_training=PAPER_TRAINING, fixed_training=PAPER_TRAINING, fixed_training_source=PAPER_TRAINING_SOURCE,
         max_len=77, clip=True, weight_decay=0.2, num_workers=8, ckpt_every=2000, eval_batch=256,
-        budget="GPU: 21 continued trainings of 1.3B samples each (docs/paper-scale.md: ~60 H100-hours each, estimated)"),
+        budget="GPU: 21 continued trainings of 1.3B samples, ~40-70 H100-hours each, ~1,100 in all (estimated from "
+               "FLOPs; docs/paper-scale.md)"),
 }
 
 # The dry run of the paper profile (issue 51): the paper configuration with only sizes cut, to the least that runs
