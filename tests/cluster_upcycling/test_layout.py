@@ -11,7 +11,7 @@ from moelab import cluster_upcycling as cu
 from helpers import ROOT
 
 PKG = ROOT / "lib" / "moelab" / "cluster_upcycling"
-SUBMODULES = ("config", "method", "data", "analysis", "experiment", "report", "claims", "clip")
+SUBMODULES = ("config", "method", "data", "analysis", "experiment", "report", "claims", "clip", "standins")
 FILES = ["__init__.py", "config.py", "method.py", "data.py", "analysis.py", "experiment.py", "report.py", "clip.py",
          "standins.py"]
 
