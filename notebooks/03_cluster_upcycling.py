@@ -33,7 +33,8 @@
 PROFILE = "default"
 SEED = 0
 DRY_RUN = False  # paper profile only: every paper-path cell on cut sizes (run --profile paper --dry-run)
-CLIP_PATH = None  # paper profile: a local open_clip checkpoint of CLIP ViT-B/32 or B/16
+CLIP_PATH = None  # paper profile: a local open_clip checkpoint of CLIP ViT-B/32 or B/16 (folder or file)
+PAIRS_PATH = None  # paper profile: a folder of image-text pairs (train.tsv/csv/jsonl, test.tsv/csv/jsonl + images)
 
 # %%
 import pandas as pd
@@ -43,25 +44,40 @@ import moelab
 from moelab import cluster_upcycling as cu
 
 # %%
-run = moelab.start_run("03_cluster_upcycling", profile=PROFILE, seed=SEED)
-C = cu.config_for(PROFILE)
+run = moelab.start_run("03_cluster_upcycling", profile=PROFILE, seed=SEED, dry_run=DRY_RUN)
+C = cu.config_for(PROFILE, dry_run=DRY_RUN)
 tuned = cu.training_settings(C.fallback_training, C.fixed_training, C.fixed_training_source)
 cfg = C.settings(SEED, tuned, eesd_decay=cu.eesd_decay_for(tuned["steps"]))
 run.save_json({**{k: v for k, v in cfg.items() if k != "vision"}, "vision": cfg["vision"] and
                {k: v for k, v in cfg["vision"].items() if k != "vit"}, "tuned": tuned}, "config")
 display(cu.profile_table(PROFILE))
 
+# %%
+if DRY_RUN:  # what the paper profile's dry run cuts (sizes only; the model, data and every switch are the paper's)
+    cuts = cu.dry_run_table()
+    run.save_table(cuts, "dry-run", "cuts", caption="settings the dry run cuts, and the switches it keeps")
+    display(cuts)
+
 # %% [markdown]
-# ## Paper profile: CLIP ViT-B in open_clip's format
-# The paper's backbone is not obtainable here. With `PROFILE="paper"` the notebook reads the MLP weights of a local
-# open_clip checkpoint (`visual.transformer.resblocks.{i}.mlp.c_fc/c_proj`) and stops with `MissingAsset` when the
-# file is absent; its format handling is unit-tested on a tiny state dict in that layout (`tests/cluster_upcycling/test_method.py`).
-# Running CLIP forward (to collect its activations) needs `open_clip`, which is not installed here.
+# ## Paper profile: the poster's experiment on your CLIP and image-text pairs
+# With `PROFILE="paper"` the notebook runs the poster's experiment itself: `CLIP_PATH` is an open_clip checkpoint of
+# CLIP ViT-B/32 or B/16 (as on the Hub: `open_clip_pytorch_model.bin`, `open_clip_config.json` and the CLIP
+# tokenizer's `vocab.json` + `merges.txt`; or open_clip's `epoch_N.pt` with those files beside it), mapped onto
+# transformers' `CLIPModel` (the same network, tested against open_clip's forward written out in PyTorch);
+# `PAIRS_PATH` is a folder with `train` and `test` files of image-text pairs, in open_clip's CSV format (`.tsv`
+# tab-separated or `.csv`, columns `filepath` and `title`) or JSONL (`{"image": ..., "caption": ...}`), image paths
+# relative to the folder: LAION-style pairs for continued training and MSCOCO's 5,000 Karpathy test images (one row
+# per caption) for zero-shot retrieval. Every other MLP of the **image tower** is upcycled (8 experts, top-2; the
+# CLS token is the special token), all of CLIP is trained with open_clip's contrastive loss for 1.3B samples, and
+# every section below reads the same tables as the CPU profiles (R@1 is image→text and text→image).
+# Both paths are checked here, within seconds, before any work (`MissingAsset` or an `InputFormatError` naming the
+# parameter, file, field and fix). Not run: zero-shot ImageNet/VTAB, ImageNet few-shot and fine-tuning.
 
 # %%
 if C.clip:
-    blocks = cu.load_openclip_mlps(CLIP_PATH)  # MissingAsset when CLIP_PATH is absent
-    print(f"{len(blocks)} MLP blocks read; every other one ({sorted(blocks)[1::2]}) would become an MoE layer")
+    clip = cu.load_clip(CLIP_PATH)
+    pairs = cu.load_image_text_pairs(PAIRS_PATH, cfg)
+    print(clip.describe(), pairs.describe(), sep="\n")
 
 # %% [markdown]
 # ## Data and the dense model
@@ -71,11 +87,14 @@ if C.clip:
 # only to choose the training settings; the analyses use the first test anchors as a fixed held-out token set.
 
 # %%
-st = moelab.assets.load_minilm()
-pairs = moelab.suite.embed.pairs(C.pairs_profile)
-benchmarks = moelab.suite.embed.benchmarks(C.benchmarks) if C.benchmarks else None
-print({k: len(v) for k, v in pairs.items()}, "benchmarks:", None if benchmarks is None else sorted(benchmarks),
-      f"(sizes of the suite's {C.benchmarks!r} profile)")
+if not C.clip:  # the paper profile read its model and pairs above
+    st = moelab.assets.load_minilm()
+    pairs = moelab.suite.embed.pairs(C.pairs_profile)
+    benchmarks = moelab.suite.embed.benchmarks(C.benchmarks) if C.benchmarks else None
+    print({k: len(v) for k, v in pairs.items()}, "benchmarks:", None if benchmarks is None else sorted(benchmarks),
+          f"(sizes of the suite's {C.benchmarks!r} profile)")
+else:
+    benchmarks = None
 
 # %% [markdown]
 # ## Training settings, chosen on validation for the baseline
@@ -119,7 +138,8 @@ print(tuning.get("sentence", ""))
 
 # %%
 if cfg["methods"]:
-    special = cu.special_token_study(st, pairs, cfg, seed=SEED)
+    special = (cu.clip_special_token_study(clip, pairs, cfg, seed=SEED) if C.clip else
+               cu.special_token_study(st, pairs, cfg, seed=SEED))
     run.save_table(special["ranks"], "init", "special_token_ranks", caption="per-expert cluster size, special-token "
                    "share and rank r_i under each special-token handling (initialisation only)")
     run.save_table(special["summary"], "init", "special_token_summary", caption="per handling and MoE layer: the "
@@ -138,7 +158,8 @@ if cfg["methods"]:
 # training (R@1 and the analyses on the initialised model) and at the end.
 
 # %%
-results = cu.text_runs(st, pairs, cfg, benchmarks) if cfg["methods"] else []
+results = ((cu.clip_runs(clip, pairs, cfg) if C.clip else cu.text_runs(st, pairs, cfg, benchmarks))
+           if cfg["methods"] else [])
 if results:
     run.save_table(cu.run_summary(results), "table1", "runs", caption="one row per (method, seed): R@1 at init and "
                    "end, training loss, router movement and analyses (mean over MoE layers), wall seconds")

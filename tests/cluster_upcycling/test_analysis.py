@@ -24,7 +24,7 @@ from helpers.core import tiny_bert_ffn
 OLD_PUBLIC = ["spherical_kmeans", "KMeansResult", "whitening_factor", "effective_rank", "data_aware_truncate",
               "TruncResult", "cluster_aware_expert_weights", "ClusterAwareInit", "GATED_ACTS", "EESD",
               "dense_ensemble", "routing_entropy", "expert_utilisation", "relative_compactness", "expert_similarity",
-              "load_openclip_mlps", "upcycle_openclip_mlps", "METHODS", "PairBatches", "infonce_loss",
+              "METHODS", "PairBatches", "infonce_loss",
               "make_loss_fn", "calibration_inputs", "upcycle", "build_model", "trainable_ffn_params", "encode",
               "retrieval_r1", "moe_analyses", "run_text_condition", "cached_calibration", "text_experiment",
               "r1_table", "per_item_r1", "benchmark_table", "analysis_table", "utilisation_table", "entropy_history",

@@ -62,8 +62,11 @@ def _former(PROFILE, SEED, tuned):
                               calib_images=512, calib_tokens=8192, n_test=2000, n_cifar_train=1000,
                               n_cifar_test=1000, steps=120, batch_size=128, lr=2e-4, shots=(), probe_draws=0,
                               ft_steps=40, ft_batch=64, ft_lr=5e-4, eesd_decay=0.99)),
-        paper=dict(methods=[], seeds=[SEED], n_test=0, n_probe=0, calib_texts=0, calib_tokens=0, benchmarks=None,
-                   max_len=32, bench_all_seeds=False, vision=None))[PROFILE]
+        # issue 51: the paper profile runs the poster's experiment on CLIP (it ran no method before)
+        paper=dict(methods=["dense", "dense_long", "sparse", "noise", "drop", "cluster", "sparse_eesd",
+                            "cluster_eesd"], seeds=SEEDS3, n_test=5000, n_probe=256, calib_texts=2048,
+                   calib_tokens=65536, benchmarks=None, max_len=77, bench_all_seeds=False, vision=None,
+                   weight_decay=0.2, num_workers=8, ckpt_every=2000, eval_batch=256))[PROFILE]
     return {**common, **cfg}
 
 

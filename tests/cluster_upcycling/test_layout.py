@@ -11,8 +11,9 @@ from moelab import cluster_upcycling as cu
 from helpers import ROOT
 
 PKG = ROOT / "lib" / "moelab" / "cluster_upcycling"
-SUBMODULES = ("config", "method", "data", "analysis", "experiment", "report", "claims")
-FILES = ["__init__.py", "config.py", "method.py", "data.py", "analysis.py", "experiment.py", "report.py"]
+SUBMODULES = ("config", "method", "data", "analysis", "experiment", "report", "claims", "clip", "standins")
+FILES = ["__init__.py", "config.py", "method.py", "data.py", "analysis.py", "experiment.py", "report.py", "clip.py",
+         "standins.py"]
 
 
 def _notebook_names() -> set[str]:
@@ -36,7 +37,7 @@ def test_all_is_complete_and_unique():
 
 
 def test_every_submodule_name_resolves():
-    for mod in ("method", "data", "analysis", "experiment", "report", "config"):
+    for mod in ("method", "data", "analysis", "experiment", "report", "config", "clip"):
         sub = getattr(cu, mod)
         assert sub.__all__ and all(hasattr(sub, n) for n in sub.__all__), mod
 

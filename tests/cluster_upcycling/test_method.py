@@ -94,34 +94,6 @@ def test_eesd_ema_update_and_errors():
     eesd.remove()
 
 
-# ---------------------------------------------------------------- paper profile: open_clip checkpoint format
-def test_openclip_format_tiny(tmp_path):
-    from moelab.assets import MissingAsset
-    with pytest.raises(MissingAsset, match="open_clip"):
-        cu.load_openclip_mlps(tmp_path / "absent.bin")
-    d, f = 12, 24
-    sd = {"logit_scale": torch.tensor(1.0), "visual.conv1.weight": torch.randn(d, 3, 4, 4)}
-    for i in range(4):
-        pre = f"visual.transformer.resblocks.{i}.mlp."
-        sd.update({pre + "c_fc.weight": torch.randn(f, d), pre + "c_fc.bias": torch.randn(f),
-                   pre + "c_proj.weight": torch.randn(d, f), pre + "c_proj.bias": torch.randn(d)})
-        sd[f"transformer.resblocks.{i}.mlp.c_fc.weight"] = torch.randn(f, d)  # text tower, not read
-    torch.save({"state_dict": {"module." + k: v for k, v in sd.items()}}, tmp_path / "open_clip_pytorch_model.bin")
-    from safetensors.torch import save_file
-    save_file(sd, str(tmp_path / "open_clip_model.safetensors"))
-    for name in ("open_clip_pytorch_model.bin", "open_clip_model.safetensors"):
-        blocks = cu.load_openclip_mlps(tmp_path / name)
-        assert sorted(blocks) == [0, 1, 2, 3] and torch.equal(blocks[1]["w_in"], sd[
-            "visual.transformer.resblocks.1.mlp.c_fc.weight"])
-    calib = {i: torch.randn(80, d) for i in range(4)}
-    up = cu.method.upcycle_openclip_mlps(blocks, calib, num_experts=3, energy=0.9)
-    assert sorted(up) == [1, 3]  # every other block
-    assert up[1]["w_in"].shape == (3, f, d) and up[1]["router"].shape == (3, d)
-    torch.save({"x": 1}, tmp_path / "bad.bin")
-    with pytest.raises(ValueError, match="not an open_clip"):
-        cu.load_openclip_mlps(tmp_path / "bad.bin")
-
-
 # ---------------------------------------------------------------- text pipeline on a tiny BERT sentence encoder
 def test_infonce_equals_mnrl():
     from sentence_transformers.util import cos_sim

@@ -1,8 +1,9 @@
 """Cluster-aware upcycling (poster 002, Chu et al.; notebook ``notebooks/03_cluster_upcycling.py``).
 
 ``config`` (the frozen sizes per profile), ``method`` (Steps 1-3 from :mod:`moelab.core.cluster_init` with the special
-tokens handled explicitly, EESD, the paper profile's open_clip upcycling), ``data`` (sentence pairs, the calibration
-token set and its special-token mask, the open_clip checkpoint, the vision stand-in's images), ``analysis`` (the
+tokens handled explicitly, EESD), ``data`` (sentence pairs, the calibration token set and its special-token mask, the
+vision stand-in's images), ``clip`` (the paper profile: the user's open_clip checkpoint and image-text pairs, the
+same experiment on CLIP's image tower), ``standins`` (its tiny inputs for the dry run), ``analysis`` (the
 poster's panels and router movement on a fixed held-out token set, the held-out entropy trajectory), ``experiment``
 (methods, the training settings, building and training the upcycled models, caching, the text and vision runs),
 ``report`` (tables, figures and the notebook's computed sentences), ``claims`` (the verdicts).
@@ -10,11 +11,11 @@ poster's panels and router movement on a fixed held-out token set, the held-out 
 This package exports the names notebook 03 calls; anything else imports from its module
 (``from moelab.cluster_upcycling.method import EESD``).
 """
-from moelab.cluster_upcycling import analysis, config, data, experiment, method, report  # noqa: F401  (cu.method.X)
+from moelab.cluster_upcycling import analysis, clip, config, data, experiment, method, report  # noqa: F401
+from moelab.cluster_upcycling.clip import (
+    clip_runs, clip_special_token_study, load_clip, load_image_text_pairs)
 from moelab.cluster_upcycling.config import (
-    config_for, profile_table)
-from moelab.cluster_upcycling.data import (
-    load_openclip_mlps)
+    config_for, dry_run_table, profile_table)
 from moelab.cluster_upcycling.experiment import (
     METHODS, TUNING_DIR, eesd_decay_for, run_summary, special_token_study, text_runs, training_settings,
     vision_experiment, vision_settings)
@@ -39,8 +40,9 @@ OUTSIDE_USERS = ("run_from_config", "text_experiment", "choose_tuned", "tuning_s
 
 __all__ = [
     "ANALYSIS_CAPTIONS", "METHODS", "TUNING_DIR", "VISION_CAPTIONS", "analysis_tables", "benchmark_table",
-    "config_for", "damage_sentences", "damage_summary", "eesd_decay_for", "init_damage_table", "init_rank_summary",
-    "init_sentence", "init_table", "load_openclip_mlps", "movement_sentences", "plot_analysis_panels",
+    "clip_runs", "clip_special_token_study", "config_for", "damage_sentences", "damage_summary", "dry_run_table",
+    "eesd_decay_for", "init_damage_table", "init_rank_summary", "init_sentence", "init_table", "load_clip",
+    "load_image_text_pairs", "movement_sentences", "plot_analysis_panels",
     "plot_r1_init_end", "plot_router_movement", "plot_vision", "profile_table", "r1_summary", "r1_table",
     "run_summary", "runs_sentence", "special_token_sentence", "special_token_study", "text_runs",
     "training_settings", "tuning_tables", "vision_experiment", "vision_sentences", "vision_settings", "vision_table",

@@ -1,26 +1,23 @@
 """Data of notebook ``03_cluster_upcycling`` (poster 002, Chu et al.): the text stand-in's sentence pairs and
 tokenised batches, the calibration token set (FFN inputs of the dense model and which of its tokens are special),
-the paper profile's open_clip checkpoint, and the vision stand-in's images (Fashion-MNIST, CIFAR-10 in grey 28x28).
+and the vision stand-in's images (Fashion-MNIST, CIFAR-10 in grey 28x28). The paper profile's CLIP checkpoint and
+image-text pairs are read by :mod:`moelab.cluster_upcycling.clip`.
 """
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
-from safetensors.torch import load_file
 
 from moelab import cache
-from moelab.assets import MissingAsset
 from moelab.core import collect_ffn_inputs
-from moelab.profiles import paper_input_hint
 from moelab.suite import images
 
 __all__ = [
     "PairBatches", "calibration_inputs", "cached_calibration", "special_token_ids", "special_token_mask",
-    "calibration_special_mask", "heldout_batches", "load_openclip_mlps", "to_pixels", "cifar_to_grey28",
+    "calibration_special_mask", "heldout_batches", "to_pixels", "cifar_to_grey28",
     "image_loader", "vision_data", "vit_special_mask",
 ]
 
@@ -104,47 +101,6 @@ def calibration_special_mask(st, texts, max_tokens: int = 8192, max_len: int = 3
     ids = special_token_ids(st.tokenizer)
     parts = [special_token_mask(_features(st, texts[i:i + batch], max_len), ids) for i in range(0, len(texts), batch)]
     return torch.cat(parts)[:max_tokens] if parts else torch.zeros(0, dtype=torch.bool)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Paper profile: CLIP ViT-B in open_clip's checkpoint format
-# ---------------------------------------------------------------------------------------------------------------
-def load_openclip_mlps(path, tower: str = "visual") -> dict:
-    """MLP weights of an open_clip checkpoint (paper profile: CLIP ViT-B/32, B/16; notebook 03).
-
-    ``path``: a local ``open_clip_pytorch_model.bin`` / ``.pt`` (torch state dict, optionally under ``state_dict``)
-    or ``.safetensors``. Keys read: ``{visual.}transformer.resblocks.{i}.mlp.c_fc.{weight,bias}`` and
-    ``...mlp.c_proj.{weight,bias}``. Missing file -> :class:`moelab.assets.MissingAsset`; no MLP keys -> ValueError.
-    Returns ``{block index: dict(w_in [f, d], b_in, w_out [d, f], b_out)}``.
-    """
-    if path is None or not Path(path).is_file():
-        raise MissingAsset("CLIP ViT-B (open_clip checkpoint)", f"no file at {str(path)!r}",
-                           command=paper_input_hint("03", "CLIP_PATH", "open_clip_pytorch_model.bin of CLIP ViT-B-32 or "
-                                                    "ViT-B-16"))
-    path = Path(path)
-    if path.suffix == ".safetensors":
-        sd = load_file(str(path))
-    else:
-        sd = torch.load(path, map_location="cpu", weights_only=True)
-        if isinstance(sd, dict) and "state_dict" in sd:
-            sd = sd["state_dict"]
-    sd = {k.removeprefix("module."): v for k, v in sd.items()}
-    prefix = "visual.transformer.resblocks." if tower == "visual" else "transformer.resblocks."
-    blocks: dict[int, dict] = {}
-    for k, v in sd.items():
-        if not k.startswith(prefix) or ".mlp." not in k:
-            continue
-        i = int(k[len(prefix):].split(".")[0])
-        leaf = k.split(".mlp.")[1]
-        name = {"c_fc.weight": "w_in", "c_fc.bias": "b_in", "c_proj.weight": "w_out", "c_proj.bias": "b_out"}.get(leaf)
-        if name:
-            blocks.setdefault(i, {})[name] = v
-    if not blocks:
-        raise ValueError(f"{path}: no '{prefix}<i>.mlp.c_fc/c_proj' keys: not an open_clip CLIP checkpoint")
-    for i, b in blocks.items():
-        if {"w_in", "w_out"} - set(b):
-            raise ValueError(f"{path}: block {i} lacks c_fc or c_proj weights")
-    return dict(sorted(blocks.items()))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -14,8 +14,8 @@ The poster's three initialisation steps plus its training loss:
    the dense ensemble of all experts of an EMA copy, weighted by the EMA router's probabilities (:class:`EESD`).
 
 Steps 1-3 live in :mod:`moelab.core.cluster_init` (shared with notebook 02) and are re-exported
-here; this file adds the special-token handling of the calibration set, EESD, and Steps 1-3 applied to the raw
-MLP weights of an open_clip checkpoint (:func:`upcycle_openclip_mlps`, the paper profile).
+here; this file adds the special-token handling of the calibration set and EESD (the paper profile applies the same
+Steps 1-3 to CLIP's image tower: :mod:`moelab.cluster_upcycling.clip`).
 
 Conventions. Activations are stored row-wise, ``X_i`` [T_i, d] (the poster writes them column-wise, [d, T_i]); the
 poster's ``X_i X_i^T`` is therefore our ``X_i^T X_i`` [d, d]. Weights follow ``nn.Linear``: ``W`` [d_ff, d_model].
@@ -38,7 +38,7 @@ __all__ = [
     "spherical_kmeans", "KMeansResult", "whitening_factor", "effective_rank", "data_aware_truncate", "TruncResult",
     "cluster_aware_expert_weights", "ClusterAwareInit", "GATED_ACTS",
     "SPECIAL_TOKENS", "DEFAULT_SPECIAL_TOKENS", "special_token_partition", "SpecialTokenClusterInit",
-    "EESD", "dense_ensemble", "upcycle_openclip_mlps",
+    "EESD", "dense_ensemble",
 ]
 
 
@@ -223,34 +223,3 @@ class EESD:
         for h in self._hooks:
             h.remove()
         self._io.clear()
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Paper profile: Steps 1-3 on the MLP weights of a CLIP ViT-B open_clip checkpoint
-# ---------------------------------------------------------------------------------------------------------------
-def upcycle_openclip_mlps(blocks: dict, calib: dict, num_experts: int = 8, layers: str = "every_other",
-                          energy: float = 0.95, seed: int = 0) -> dict:
-    """Cluster-aware expert and router weights for open_clip MLP blocks (poster 002 Steps 1-3, paper profile;
-    notebook 03).
-
-    ``blocks`` from :func:`moelab.cluster_upcycling.data.load_openclip_mlps`; ``calib[i]`` [T, d] the FFN inputs of
-    block ``i`` (``ln_2`` outputs), all tokens (no special-token mask is known for raw activations).
-    ``layers="every_other"`` converts blocks 1, 3, 5, ... (the poster's "every other FFN"). Returns, per converted
-    block, ``dict(w_in [E, f, d], b_in [E, f], w_out [E, d, f], b_out [E, d], router [E, d], ranks)``.
-    """
-    idx = sorted(blocks)
-    chosen = idx[1::2] if layers == "every_other" else list(layers)
-    out = {}
-    for i in chosen:
-        if i not in calib:
-            raise ValueError(f"no calibration activations for block {i}")
-        b = blocks[i]
-        km = spherical_kmeans(calib[i].float(), num_experts, seed=seed)  # Step 1
-        W, res = cluster_aware_expert_weights(b["w_in"].float(), calib[i].float(), km.labels, num_experts, energy,
-                                              layer_name=f"resblock {i}")  # Step 2: W~_i = T_{r_i}(W S_i) S_i^{-1}
-        E = num_experts
-        out[i] = dict(w_in=W, w_out=b["w_out"].float().expand(E, -1, -1).clone(),
-                      b_in=None if b.get("b_in") is None else b["b_in"].float().expand(E, -1).clone(),
-                      b_out=None if b.get("b_out") is None else b["b_out"].float().expand(E, -1).clone(),
-                      router=km.centroids, ranks=[r.rank for r in res])  # Step 3: W_r = [mu_1^T; ...]
-    return out
