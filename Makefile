@@ -51,12 +51,14 @@ figures: $(if $(filter paper,$(PROFILE)),assets,assets-gemma)
 	  $(if $(DRY_RUN),--dry-run) --jobs $(JOBS) --params "$$P"
 
 # issue 51: rehearse the paper profile of 01-05 on tiny stand-ins in the papers' formats (scripts/make_paper_standins.py
-# writes them and their parameters into runs/standins/); outputs in runs/scratch/paper/, claims say "dry run"
+# writes them and their parameters into runs/standins/); outputs in runs/scratch/paper/, claims say "dry run"; one torch
+# thread each (two threads on the stand-ins' tiny matrices were 2-8x slower on the shared 2-core machine)
 STANDINS ?= runs/standins
 DRY_NBS ?= 01 02 03 04 05
 dry-run: assets
 	$(PY) scripts/make_paper_standins.py $(STANDINS) --only $(DRY_NBS)
 	@set -e; for nb in $(DRY_NBS); do \
+	  OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 \
 	  $(PY) -m moelab.runner run --profile paper --dry-run --only $$nb --no-progress --params "$$(cat $(STANDINS)/$$nb.params)"; \
 	done
 

@@ -848,7 +848,8 @@ CLAIMS: list[Claim] = [
         metric="none (needs CLIP ViT-B)", unit="points (x100)", higher_is_better=True, proxy=False,
         paper_value={"cluster_eesd": 50.8, "sparse": 50.3}, compare=("cluster_eesd", "sparse"),
         legacy="zero-shot ImageNet-1k variants and VTAB with CLIP ViT-B",
-        evidence=lambda T: Unobtainable("needs CLIP ViT-B weights, open_clip and LAION-scale training (the paper "
-                                       "profile reads the weights only)"),
+        evidence=lambda T: Unobtainable("needs CLIP ViT-B and zero-shot ImageNet/VTAB classification, which no "
+                                       "profile implements (the paper profile trains CLIP on PAIRS_PATH and measures "
+                                       "retrieval R@1 only)"),
     ),
 ]
