@@ -29,7 +29,7 @@ PACKAGES = {"01": "moelab.moce", "02": "moelab.sba", "03": "moelab.cluster_upcyc
 
 def make(out: Path, only=None) -> dict[str, dict]:
     """Write every (or ``only`` these) notebook's stand-ins under ``out``; returns {notebook: {"params", "formats"}}."""
-    out = Path(out)
+    out = Path(out).resolve()   # the notebooks run in a work folder of their own: the parameters hold absolute paths
     made = {}
     for nb, pkg in PACKAGES.items():
         if only and nb not in only:

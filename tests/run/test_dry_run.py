@@ -158,3 +158,19 @@ def test_dry_run_table_lists_cuts_and_kept_settings():
         {"setting": "model", "paper": "/m", "dry run": "/m", "cut": False}]
     with pytest.raises(ValueError, match=r"\['extra'\]"):
         profiles.dry_run_table({"steps": 1}, {"steps": 1, "extra": 2})
+
+
+def test_standins_script_writes_absolute_parameters(tmp_path, monkeypatch):
+    """The notebooks run in a work folder of their own, so a relative OUT (`make dry-run` passes runs/standins) must
+    still give parameters that resolve there (03's dry run failed on a relative CLIP_PATH)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_paper_standins", ROOT / "scripts" / "make_paper_standins.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.chdir(tmp_path)
+    made = mod.make("rel", only=["05"])
+    (path,) = made["05"]["params"].values()
+    assert os.path.isabs(path) and os.path.isdir(path)
+    assert (tmp_path / "rel" / "05.params").read_text().strip() == f"MODEL_PATH={path!r}"
+    assert "| 05 | `MODEL_PATH` |" in (tmp_path / "rel" / "README.md").read_text()
