@@ -83,7 +83,7 @@ def test_unknown_parameter_exits_2_naming_the_notebooks_parameters(runner, capfd
     rc, out, err = _run(capfd, "--profile", "smoke", "-p", "TGA=1")
     assert rc == 2 and "TGA" in err and "TAG" in err
     assert not (runner / "runs").exists()                           # nothing ran
-    assert cli.notebook_parameters(ROOT / "notebooks" / "05_free_moe.py")[:3] == ["PROFILE", "SEED",
+    assert cli.notebook_parameters(ROOT / "notebooks" / "05_free_moe.py")[:4] == ["PROFILE", "SEED", "DRY_RUN",
                                                                                       "MODEL_PATH"]
     nbs = [runner / "nbs" / f"{NB}.py", ROOT / "notebooks" / "05_free_moe.py"]
     assert cli.params_for(nbs, {"MODEL_PATH": "/m"}) == {NB: {}, "05_free_moe": {"MODEL_PATH": "/m"}}
