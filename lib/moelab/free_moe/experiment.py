@@ -4,7 +4,7 @@ subdomain assignment (Eq. 2-3), the router's training and routing (Eq. 7-9), rou
 several methods, cached calibration statistics, and the paper profile's local model."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -210,6 +210,7 @@ class DowpResult:
     masks: dict                              # cluster -> {"selected" (None if dense) | "0-5%" | "ratio<r>" | ...}
     selection: pd.DataFrame | None = None    # per cluster: best band, reference gain and interval, selected
     test_sweep: pd.DataFrame | None = None   # the same columns on test items
+    scored: dict = field(default_factory=dict, repr=False)   # evaluate_methods' memo: (mask, item list) -> scores
 
 
 def select_with_gate(sweep: pd.DataFrame, bands: Sequence[tuple[float, float]], level: float = 0.95,
@@ -325,14 +326,29 @@ def masks_for(dowp: DowpResult, which: str) -> dict:
     return {s: m.get(which) for s, m in dowp.masks.items()}
 
 
+def _item_key(it: dict) -> tuple:
+    """What an item is, for :func:`evaluate_methods`' memo: task, id, prompt, options or answer, gold label."""
+    return (it.get("task"), str(it.get("id")), it.get("prompt"), tuple(it.get("choices") or ()), it.get("answer"),
+            it.get("label"))
+
+
 def evaluate_methods(model: nn.Module, tok, items: Sequence[dict], routes: dict, batch_size: int = 16,
-                     score_fn: ScoreFn | None = None, columns: Sequence[str] | None = None) -> pd.DataFrame:
+                     score_fn: ScoreFn | None = None, columns: Sequence[str] | None = None,
+                     memo: dict | None = None, memo_key=None) -> pd.DataFrame:
     """Score test items under several methods: ``routes[method] = (keys, masks)`` with one routing key per item
     (keys None -> dense model; ``masks[key] = None`` -> dense for that key). Each (item, mask) pair is scored once
     however many methods share it (FREE-MOE's correctly routed items reuse DOWP's scores, every method's dense items
     BASELINE's): the mask objects are compared, so pass the same mask objects to the methods that share them.
+    ``memo`` (a dict kept across calls, e.g. :attr:`DowpResult.scored`) with ``memo_key`` (hashable, naming
+    ``score_fn`` and its settings): a mask's item list that an earlier call already scored with the same score
+    function is taken from ``memo`` instead of being run again (notebook 05: Algorithm 1's table repeats the main
+    table's selected clusters, Table 2's 5% row repeats Algorithm 1's general clusters). Only the same item list in
+    the same order is reused: the scorer batches a list by length, and a float sum depends on its batch, so only
+    then are the numbers those of a fresh call bit for bit.
     Returns per-item scores: method, task, id, then ``score`` (1-D scores) or one column per score dimension
     (``columns`` names them; default ``score0``, ``score1``, ...)."""
+    if memo is not None and memo_key is None:
+        raise ValueError("evaluate_methods: memo needs memo_key, naming the score function and its settings")
     plans, groups = {}, {}                                   # method -> per-item mask; id(mask) -> (mask, item set)
     for method, (keys, masks) in routes.items():
         keys = [None] * len(items) if keys is None else list(keys)
@@ -350,11 +366,17 @@ def evaluate_methods(model: nn.Module, tok, items: Sequence[dict], routes: dict,
     done: dict = {}                                          # (id(mask), item) -> score row
     for key, (mask, idx) in progress.bar(list(groups.items()), desc="masks on test items", unit="mask"):
         idx = sorted(idx)
-        if mask is None:
+        mk = None if memo is None else (key, memo_key, tuple(_item_key(items[i]) for i in idx))
+        hit = None if mk is None else memo.get(mk)
+        if hit is not None and hit[0] is mask:               # the stored mask pins its id: no reuse by another
+            sc = hit[1]
+        elif mask is None:
             sc = np.asarray(score_fn(model, [items[i] for i in idx]))
         else:
             with apply_mask(model, mask):
                 sc = np.asarray(score_fn(model, [items[i] for i in idx]))
+        if mk is not None:
+            memo[mk] = (mask, sc)
         for i, v in zip(idx, sc):
             done[(key, i)] = v
     frames = []
@@ -524,8 +546,10 @@ def table1_scores(model: nn.Module, tok, items: Sequence[dict], he_items: Sequen
     selection: dense where the cluster's reference gain interval was not above 0) or ``"best"`` (the paper's
     Algorithm 1: every cluster's arg-max band, no fallback). ``routing`` rows follow ``items + he_items``. Per item
     and metric (acc, acc_norm, p_gold, p_gold_norm for multiple choice; loglik for generative; pass@1 (and pass@10
-    when ``he_n >= 10``) for HumanEval problems). Each (item, mask) pair is scored once; with ``cache_config`` the
-    whole table is cached by its routing, masks and methods."""
+    when ``he_n >= 10``) for HumanEval problems). Each (item, mask) pair is scored once, and a mask's item list an
+    earlier table already scored comes from ``dowp.scored`` (:func:`evaluate_methods`' memo: Algorithm 1 repeats the
+    gated table's selected clusters); with ``cache_config`` the whole table is cached by its routing, masks and
+    methods."""
     unknown = sorted(set(methods) - {"BASELINE", "DOWP", "FREE-MOE"})
     if unknown or not methods:
         raise ValueError(f"table1_scores: methods must be among BASELINE, DOWP, FREE-MOE, got {list(methods)}")
@@ -540,7 +564,8 @@ def table1_scores(model: nn.Module, tok, items: Sequence[dict], he_items: Sequen
         routes = {m: r for m, r in {"BASELINE": (None, None), "DOWP": (eq3[:n_t], sel),
                                      "FREE-MOE": (pred[:n_t], sel)}.items() if m in methods}
         wide = evaluate_methods(model, tok, items, routes, columns=ITEM_METRICS,
-                                score_fn=lambda m, its: item_metrics(m, tok, its, batch_size))
+                                score_fn=lambda m, its: item_metrics(m, tok, its, batch_size),
+                                memo=dowp.scored, memo_key=("item_metrics", id(model), batch_size))
         parts = [to_long(wide)]
         if he_items:
             he_fn = humaneval_score_fn(tok, n=he_n, ks=ks, max_new_tokens=he_tokens, seed=seed)
@@ -604,16 +629,21 @@ def purified_pct(mask, total_weights: int) -> float:
     return 0.0 if mask is None else 100.0 * mask.n_purified() / total_weights
 
 
-def ablation_items(model: nn.Module, tok, items: Sequence[dict], routes: dict, batch_size: int = 16) -> pd.DataFrame:
-    """Per item, option and metric under ``routes`` (:func:`evaluate_methods`), with ``purified_pct``: the share of
-    all target weights the mask that scored the item purifies."""
+def ablation_items(model: nn.Module, tok, items: Sequence[dict], routes: dict, batch_size: int = 16,
+                   memo: dict | None = None) -> pd.DataFrame:
+    """Per item, option and metric under ``routes`` (:func:`evaluate_methods`, with its ``memo``), with
+    ``purified_pct``: the share of all target weights the mask that scored the item purifies."""
     total = sum(lin.weight.numel() for lin in target_linears(model).values())
     w = evaluate_methods(model, tok, items, routes, score_fn=lambda m, its: item_metrics(m, tok, its, batch_size),
-                         columns=ITEM_METRICS)
-    pct = []
+                         columns=ITEM_METRICS, memo=memo, memo_key=("item_metrics", id(model), batch_size))
+    pct, share = [], {}                        # id(mask) -> its share, counted once per mask (routes hold the masks)
     for method, (keys, masks) in routes.items():
         keys = [None] * len(items) if keys is None else list(keys)
-        pct += [purified_pct(None if k is None else (masks or {}).get(k), total) for k in keys]
+        for k in keys:
+            m = None if k is None else (masks or {}).get(k)
+            if id(m) not in share:
+                share[id(m)] = purified_pct(m, total)
+            pct.append(share[id(m)])
     w["purified_pct"] = pct
     return to_long(w, keep=("purified_pct",))
 
@@ -622,11 +652,12 @@ def ratio_ablation(model: nn.Module, tok, items: Sequence[dict], clusters: Clust
                    ratios: Sequence[float], batch_size: int = 16) -> pd.DataFrame:
     """Table 2 (an ablation of the paper's Algorithm 1): purification ratio r = width of the purified band placed at
     θmin of each cluster's arg-max reference band (5% = that band itself; every cluster, no gate), on the same items
-    (routed by Eq. 3), with the purified share."""
+    (routed by Eq. 3), with the purified share. The 5% row's (mask, items) lists that Algorithm 1's Table 1 already
+    scored come from ``dowp.scored`` (:func:`evaluate_methods`' memo)."""
     keys = cluster_keys(model, tok, items, clusters)
     routes = {"base": (None, None), "5%": (keys, masks_for(dowp, "best"))}
     routes.update({f"{r:g}%": (keys, masks_for(dowp, f"ratio{r:g}")) for r in ratios})
-    return ablation_items(model, tok, items, routes, batch_size)
+    return ablation_items(model, tok, items, routes, batch_size, memo=dowp.scored)
 
 
 def sublayer_ablation(model: nn.Module, tok, items: Sequence[dict], keys: Sequence, dowp: DowpResult,
