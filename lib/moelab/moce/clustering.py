@@ -98,7 +98,10 @@ def embed_texts(texts: Sequence[str], encoder: str = "minilm", *, on_overflow: s
             elif Path(str(encoder)).is_dir():
                 from sentence_transformers import SentenceTransformer  # optional here: 10+ s to import, paper profile only
 
-                model = SentenceTransformer(str(encoder), device="cpu")
+                from moelab.device import inference_placement
+
+                # the paper encoder (e5-large-v2) goes where moelab.device puts inference: CUDA when present, else CPU
+                model = SentenceTransformer(str(encoder), device=inference_placement().device)
             else:
                 raise ValueError(f"encoder must be one of {ENCODERS} or a local sentence-transformers folder, "
                                  f"got {encoder!r}")
