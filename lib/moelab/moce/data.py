@@ -17,6 +17,7 @@ import torch
 
 from moelab import cache
 from moelab.assets import MissingAsset, load_causal_lm
+from moelab.inputs import InputFormatError, read_records, require_hf_model, require_path
 from moelab.moce.method import BTX_DOMAINS
 from moelab.moce.trunk import lower_hidden_states
 from moelab.profiles import paper_input_hint
@@ -257,8 +258,6 @@ def check_paper_inputs(model_path, encoder_path, data_paths) -> dict:
     folder (not a causal LM), ``DATA_PATHS`` a dict of the three sets whose records hold the fields of
     ``PAPER_FIELDS`` (first 50 records read). Raises ``MissingAsset`` / ``moelab.inputs.InputFormatError`` naming the
     parameter, file, field and fix. Returns the model's ``config.json``."""
-    from moelab.inputs import InputFormatError, read_records, require_hf_model, require_path
-
     mcfg = require_hf_model("01", "MODEL_PATH", model_path, "a local meta-llama/Llama-2-7b-chat-hf folder",
                             model_types=PAPER_MODEL_TYPES)
     enc = require_path("01", "ENCODER_PATH", encoder_path, "a local intfloat/e5-large-v2 sentence-transformers folder")

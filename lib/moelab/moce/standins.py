@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from moelab import standins
+from moelab.suite import instruct
 
 __all__ = ["write", "N_PER_SOURCE"]
 
@@ -25,8 +26,6 @@ N_PER_SOURCE = 40  # records per data set: enough for the dry run's clustering, 
 
 
 def _by_domain(n: int) -> dict:
-    from moelab.suite import instruct
-
     data = instruct.build("smoke")
     out = {}
     for split in ("train", "validation"):
