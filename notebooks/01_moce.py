@@ -69,8 +69,7 @@ run = moelab.start_run("01_moce", profile=PROFILE, seed=SEED, dry_run=DRY_RUN)
 torch.set_num_threads(1)  # under a shared, loaded CPU two spinning threads are ~5x slower than one
 C = moce.config_for(PROFILE, dry_run=DRY_RUN)
 cfg = C.settings(SEED, gemma=GEMMA)
-if C.paper_data:  # every user path and format checked before any clustering or training (issue 51)
-    moce.data.check_paper_inputs(MODEL_PATH, ENCODER_PATH, DATA_PATHS)
+_ = C.paper_data and moce.data.check_paper_inputs(MODEL_PATH, ENCODER_PATH, DATA_PATHS)  # user paths checked first
 MOCE_ENCODER = moce.moce_encoder(C.paper_data, ENCODER_PATH)  # MoCE-E5 row of Table 1
 display(moce.profile_table(PROFILE))
 if DRY_RUN:  # what the dry run cuts: the paper configuration with sizes only cut
