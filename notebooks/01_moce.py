@@ -65,12 +65,15 @@ from moelab.suite import instruct
 
 # %%
 T0 = time.time()
-run = moelab.start_run("01_moce", profile=PROFILE, seed=SEED)
+run = moelab.start_run("01_moce", profile=PROFILE, seed=SEED, dry_run=DRY_RUN)
 torch.set_num_threads(1)  # under a shared, loaded CPU two spinning threads are ~5x slower than one
-C = moce.config_for(PROFILE)
+C = moce.config_for(PROFILE, dry_run=DRY_RUN)
 cfg = C.settings(SEED, gemma=GEMMA)
+_ = C.paper_data and moce.data.check_paper_inputs(MODEL_PATH, ENCODER_PATH, DATA_PATHS)  # user paths checked first
 MOCE_ENCODER = moce.moce_encoder(C.paper_data, ENCODER_PATH)  # MoCE-E5 row of Table 1
 display(moce.profile_table(PROFILE))
+if DRY_RUN:  # what the dry run cuts: the paper configuration with sizes only cut
+    display(moelab.profiles.dry_run_table(moce.config_for("paper"), C, keep=("variants", "rank", "lr", "n_top")))
 
 # %% [markdown]
 # ## 1 · The instruction mix and its sequence clusters (§3.2, App. B, App. C, Fig. 2)
@@ -175,6 +178,8 @@ display(dep, Markdown(moce.fig5_sentence(dep, dist, cm.k)))
 # %%
 model, tok, model_name = moce.load_backbone(C.paper_data, MODEL_PATH)
 ccfg = {"model": model_name, "profile": PROFILE}
+if C.paper_data:  # the cache knows which model and data produced its states (issue 51)
+    ccfg.update(moce.data.paper_cache_identity(MODEL_PATH, DATA_PATHS), dry_run=DRY_RUN)
 layers, train_ex, val_ex = moce.cache_trunk(model, tok, items["train"], items["validation"], n_top=cfg["n_top"],
                                             max_len=cfg["max_len"], cache_config=ccfg)
 print(f"adapted blocks {layers}; cached {len(train_ex)} train / {len(val_ex)} validation sequences; "

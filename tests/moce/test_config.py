@@ -58,8 +58,9 @@ def _former(profile, SEED=0, GEMMA=False):
               "extra": ABLATIONS, "gemma_variants": ["pesc", "moce"] if GEMMA else [], "gemma_seeds": [SEED],
               "gemma_test_per_domain": 30},
         paper={**base, "n_cluster": 20000, "n_top": "all", "max_len": 512, "n_train": None, "n_val": 512,
-               "lr": 2e-4, "n_test_per_domain": 200, "steps": 31000, "batch": 32, "eval_every": 1000,
-               "max_rounds": 1, "patience": None, "seeds": [SEED], "variants": ["dense", "pesc", "moce", "moce_gen"],
+               "lr": 2e-4, "n_test_per_domain": 200, "steps": 625, "batch": 32, "eval_every": 1000,
+               # issue 51: 1 epoch (was 31,000 steps, ~50 passes) and 3 seeds (was 1: every comparison undecidable)
+               "max_rounds": 1, "patience": None, "seeds": [SEED, SEED + 1, SEED + 2], "variants": ["dense", "pesc", "moce", "moce_gen"],
                "extra": [], "lm_limit": None, "lm_tasks_max": 20})[profile]
 
 

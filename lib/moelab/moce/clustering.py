@@ -19,6 +19,7 @@ from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 from transformers import AutoTokenizer
 
 from moelab import assets
+from moelab.device import inference_placement
 from moelab.moce.data import subsample
 from moelab.stats import elbow_max_chord
 
@@ -98,7 +99,8 @@ def embed_texts(texts: Sequence[str], encoder: str = "minilm", *, on_overflow: s
             elif Path(str(encoder)).is_dir():
                 from sentence_transformers import SentenceTransformer  # optional here: 10+ s to import, paper profile only
 
-                model = SentenceTransformer(str(encoder), device="cpu")
+                # the paper encoder (e5-large-v2) goes where moelab.device puts inference: CUDA when present, else CPU
+                model = SentenceTransformer(str(encoder), device=inference_placement().device)
             else:
                 raise ValueError(f"encoder must be one of {ENCODERS} or a local sentence-transformers folder, "
                                  f"got {encoder!r}")

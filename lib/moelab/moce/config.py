@@ -16,7 +16,7 @@ import pandas as pd
 from moelab.profiles import check_profile
 
 __all__ = ["MoceConfig", "CONFIGS", "config_for", "profile_table", "AA_ARM", "ABLATIONS", "FIG5_TASKS",
-           "PAPER_SETTING"]
+           "PAPER_SETTING", "DRY_RUN_SIZES", "paper_epoch_steps"]
 
 # A/A: PESC again, on seeds SEED+3 .. SEED+5 (its difference from ``pesc`` is seed noise only)
 AA_ARM = dict(label="pesc_aa", variant="pesc", seed_offset=3)
@@ -122,8 +122,8 @@ CONFIGS = {
         budget="every variant x 3 seeds, <= 64 steps each (17 trainings per seed with BTX's branches)"),
     "paper": MoceConfig(
         profile="paper", suite_profile="full", n_cluster=20000, n_top="all", max_len=512, n_train=None, n_val=512,
-        lr=2e-4, n_test_per_domain=200, steps=31000, batch=32, eval_every=1000, max_rounds=1, patience=None,
-        seed_offsets=(0,), variants=("dense", "pesc", "moce", "moce_gen"), lm_limit=None, lm_tasks_max=20,
+        lr=2e-4, n_test_per_domain=200, steps=625, batch=32, eval_every=1000, max_rounds=1, patience=None,
+        seed_offsets=(0, 1, 2), variants=("dense", "pesc", "moce", "moce_gen"), lm_limit=None, lm_tasks_max=20,
         paper_data=True, budget="the paper's model, encoder and data from local paths (GPU)"),
 }
 
@@ -134,11 +134,30 @@ PAPER_SETTING = dict(backbone="Llama-2-7b-chat (also Mistral, Qwen)", encoders="
                      evaluation="lm-eval / bigcode (8 benchmarks)")
 
 
-def config_for(profile: str, **overrides) -> MoceConfig:
+# the paper profile's dry run (issue 51): sizes only, cut to the least that runs every paper-path cell in ~1 minute
+# on a CPU; the model, encoder, data, variants, rank, lr and code-path switches stay the paper's
+DRY_RUN_SIZES = dict(n_cluster=60, n_val=6, n_test_per_domain=3, steps=2, eval_every=1, batch=4, max_len=64,
+                     ks=tuple(range(1, 5)), n_fig5=6, lm_limit=2, lm_tasks_max=1, seed_offsets=(0,),
+                     budget="dry run: sizes cut")
+# (the paper profile runs 3 seeds: the claims' t-interval over seeds needs 3; the dry run exercises one)
+
+
+def config_for(profile: str, dry_run: bool = False, **overrides) -> MoceConfig:
     """The frozen configuration of ``profile`` (``overrides`` replace fields, e.g. in tests); ValueError naming the
-    value and the profiles for an unknown one."""
+    value and the profiles for an unknown one. ``dry_run`` (paper profile only): the paper configuration with only
+    the sizes in ``DRY_RUN_SIZES`` cut."""
     check_profile(profile)
+    if dry_run:
+        if profile != "paper":
+            raise ValueError(f"dry_run=True with profile={profile!r}: only the paper profile has a dry run "
+                             "(run --profile paper --dry-run)")
+        overrides = {**DRY_RUN_SIZES, **overrides}
     return replace(CONFIGS[profile], **overrides) if overrides else CONFIGS[profile]
+
+
+def paper_epoch_steps(c: MoceConfig) -> int:
+    """Optimiser steps of one epoch over the training items (MoCE §4.1 trains 1 epoch): ceil(n_train / batch)."""
+    return -(-(c.n_train or c.n_cluster) // c.batch)
 
 
 def profile_table(current: str | None = None) -> pd.DataFrame:
@@ -146,7 +165,7 @@ def profile_table(current: str | None = None) -> pd.DataFrame:
     profile (``current`` marked "this run")."""
     cols = {"paper (MoCE §4.1)": PAPER_SETTING}
     for n, c in CONFIGS.items():
-        train = "1 epoch" if c.paper_data else f"rounds of {c.steps} steps, at most {c.max_rounds}, early-stopped"
+        train = (f"1 epoch ({c.steps} steps x batch {c.batch} = {c.n_cluster} items)" if c.paper_data else f"rounds of {c.steps} steps, at most {c.max_rounds}, early-stopped")
         cols[n + (" (this run)" if n == current else "")] = dict(
             backbone="Llama-2-7b-chat from MODEL_PATH" if c.paper_data else
             f"SmolLM2-135M-Instruct, top {c.n_top} blocks adapted" + (" (+ Gemma-3-270M with GEMMA=True)"

@@ -17,6 +17,7 @@ import torch
 
 from moelab import cache
 from moelab.assets import MissingAsset, load_causal_lm
+from moelab.inputs import InputFormatError, read_records, require_hf_model, require_path
 from moelab.moce.method import BTX_DOMAINS
 from moelab.moce.trunk import lower_hidden_states
 from moelab.profiles import paper_input_hint
@@ -24,7 +25,7 @@ from moelab.suite.encoding import encode_pair, special_prefix_length
 
 __all__ = ["PROMPT_FORMAT", "MIN_ANSWER_TOKENS", "TOKENISATION", "prompt_text", "encode_item", "tokenize_example",
            "collate", "build_cache", "subsample", "with_groups", "btx_domain_splits", "PAPER_SOURCES",
-           "load_paper_mix", "load_paper_model", "paper_encoder_path"]
+           "load_paper_mix", "load_paper_model", "paper_encoder_path", "check_paper_inputs"]
 
 PROMPT_FORMAT = "{instruction}\nAnswer:"
 MIN_ANSWER_TOKENS = 16
@@ -242,3 +243,51 @@ def paper_encoder_path(path):
         raise MissingAsset("e5-large-v2", f"no local encoder folder at {path!r}",
                            paper_input_hint("01", "ENCODER_PATH", "a local folder of intfloat/e5-large-v2"))
     return str(path)
+
+
+# the fields each paper data set's records must hold (tuples: alternatives), as _paper_record reads them
+PAPER_FIELDS = {"slimorca": ("conversations",), "magicoder": (("instruction", "problem"), ("response", "solution")),
+                "metamathqa": ("query", "response")}
+PAPER_MODEL_TYPES = ("llama", "mistral", "qwen2")  # Llama-2-7b-chat, and the Mistral / Qwen backbones of §4
+ENCODER_MODEL_TYPES = ("bert", "xlm-roberta", "roberta", "mpnet", "t5")  # e5-large-v2 is BERT; instructor-xl is T5
+
+
+def check_paper_inputs(model_path, encoder_path, data_paths) -> dict:
+    """Notebook 01's paper-profile inputs, checked in its first seconds (issue 51), before any clustering or training:
+    ``MODEL_PATH`` a Hugging Face Llama-family folder, ``ENCODER_PATH`` a sentence-transformers / BERT-type encoder
+    folder (not a causal LM), ``DATA_PATHS`` a dict of the three sets whose records hold the fields of
+    ``PAPER_FIELDS`` (first 50 records read). Raises ``MissingAsset`` / ``moelab.inputs.InputFormatError`` naming the
+    parameter, file, field and fix. Returns the model's ``config.json``."""
+    mcfg = require_hf_model("01", "MODEL_PATH", model_path, "a local meta-llama/Llama-2-7b-chat-hf folder",
+                            model_types=PAPER_MODEL_TYPES)
+    enc = require_path("01", "ENCODER_PATH", encoder_path, "a local intfloat/e5-large-v2 sentence-transformers folder")
+    ecfg_file = enc / "config.json"
+    if not enc.is_dir() or not ecfg_file.is_file():
+        raise InputFormatError("01", "ENCODER_PATH", enc, "is not an encoder folder (no config.json)",
+                               "pass a local intfloat/e5-large-v2 sentence-transformers folder")
+    mt = json.loads(ecfg_file.read_text()).get("model_type")
+    if mt not in ENCODER_MODEL_TYPES:
+        raise InputFormatError("01", "ENCODER_PATH", ecfg_file, f"field 'model_type' is {mt!r}, not a sentence "
+                               f"encoder (expected one of {list(ENCODER_MODEL_TYPES)})",
+                               "pass the e5-large-v2 sentence-transformers folder, not the language model's")
+    if not isinstance(data_paths, dict) or set(data_paths) != set(PAPER_SOURCES):
+        raise InputFormatError("01", "DATA_PATHS", data_paths, f"must be a dict with exactly the keys "
+                               f"{sorted(PAPER_SOURCES)}", "pass DATA_PATHS=\"{'slimorca': '/data/slimorca.jsonl', "
+                               "'magicoder': '/data/magicoder.jsonl', 'metamathqa': '/data/metamathqa.jsonl'}\"")
+    for src, fields in PAPER_FIELDS.items():
+        recs = read_records("01", "DATA_PATHS", data_paths[src], fields, f"a {src} JSON/JSONL file", n=50)
+        for i, r in enumerate(recs):
+            try:
+                _paper_record(src, r, i)
+            except ValueError as e:
+                raise InputFormatError("01", "DATA_PATHS", data_paths[src], str(e),
+                                       f"pass {src} in its released record format") from None
+    return mcfg
+
+
+def paper_cache_identity(model_path, data_paths) -> dict:
+    """The cache-key part of the paper profile's user inputs: ``moelab.cache.path_identity`` (content digest) of
+    ``MODEL_PATH`` and of each ``DATA_PATHS`` file, so a second model of the same width, or an edited data row,
+    gets new trunk states and new trainings (issue 51)."""
+    return {"model_identity": cache.path_identity(model_path),
+            "data_identity": {k: cache.path_identity(v) for k, v in sorted(dict(data_paths).items())}}
