@@ -177,7 +177,7 @@ PROFILES = {
 DRY_RUN_SYNTH = dict(steps=20, batch_size=16, n_test=64)
 DRY_RUN_RUNS = dict(counts=(1, 2, 4), ks=(1, 2), seeds=(0, 1), mass_seeds=(0, 1), starts=(2, 4), sweep_ks=(1, 2),
                     sweep_seeds=(0,))
-DRY_RUN_GLUE = dict(seeds=(0,), batch_size=8, max_length=64, max_train=48, max_eval=16, cpd_min_warmup=2,
+DRY_RUN_GLUE = dict(seeds=(0,), epochs=4, batch_size=8, max_length=64, max_train=32, max_eval=16, cpd_min_warmup=2,
                     cpd_min_window=4)
 
 
