@@ -29,6 +29,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
+from transformers import AutoTokenizer, BertModel
 
 from moelab import assets, progress
 from moelab import train as mtrain
@@ -821,7 +822,6 @@ def _build_glue_model(n_labels: int, method: str, cfg: GlueStandinConfig, seed: 
         st = assets.load_minilm()
         bert, tok = st[0].auto_model, st.tokenizer
     else:
-        from transformers import AutoTokenizer, BertModel
         bert, tok = BertModel.from_pretrained(str(model_path)), AutoTokenizer.from_pretrained(str(model_path))
         seed_everything(seed)                     # the head and the routers are drawn the same whatever the loader drew
     bert.train()
