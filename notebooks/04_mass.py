@@ -55,10 +55,15 @@ from IPython.display import display
 import moelab
 from moelab import mass as ms
 
-run = moelab.start_run("04_mass", profile=PROFILE, seed=SEED)
-P = ms.profile(PROFILE)                       # every size of this profile (lib/moelab/mass/config.py)
+run = moelab.start_run("04_mass", profile=PROFILE, seed=SEED, dry_run=DRY_RUN)
+P = ms.profile(PROFILE, dry_run=DRY_RUN)      # every size of this profile (lib/moelab/mass/config.py)
 setup = P.setup(SEED)                         # the synthetic experiment; device "auto": CUDA + bf16 when present
 display(ms.profile_table(PROFILE))
+if DRY_RUN:                                   # what the dry run cuts (sizes only; issue 51)
+    display(ms.dry_run_table())
+inputs = P.check_inputs(MODEL_PATH, GLUE_DIR)  # paper: MODEL_PATH and GLUE_DIR checked in seconds, before training
+if inputs is not None:
+    display(inputs)
 print(setup, f"-> device {setup.torch_device}")
 
 # %% [markdown]
@@ -223,7 +228,8 @@ print(jm.mean().round(4).to_string(), f"\n(run-level means over {jm.size().to_di
 # tasks, early selection on validation; every method adds the balancing loss $\alpha E\sum_e f_e P_e$ (α = 0.01).
 
 # %%
-glue = ms.glue_part(P.glue, smoke=PROFILE == "smoke")         # None outside full/smoke; cached run by run
+glue = ms.glue_part(P.glue, smoke=PROFILE == "smoke",          # None outside full/smoke/paper; cached run by run
+                    model_path=MODEL_PATH, glue_dir=GLUE_DIR)
 if glue is not None:
     summary = ms.glue_summary(*glue)
     run.save_table(glue[0], "fig4", "glue_standin_runs", caption="GLUE stand-in: one row per task, method, seed")

@@ -401,7 +401,9 @@ def test_glue_loader_reads_official_tsv_layout(tmp_path):
         bert_large_path(None)
     (tmp_path / "bert" ).mkdir()
     (tmp_path / "bert" / "config.json").write_text("{}")
-    assert bert_large_path(tmp_path / "bert") == tmp_path / "bert"
+    from moelab.inputs import InputFormatError                # issue 51: a folder without model_type "bert" is refused
+    with pytest.raises(InputFormatError, match="model_type"):
+        bert_large_path(tmp_path / "bert")
 
 
 @pytest.mark.cuda

@@ -4,20 +4,32 @@ beside the paper's setting.  How the settings were chosen (on a validation draw 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import math
+from dataclasses import asdict, dataclass, replace
 
 import pandas as pd
 
+from moelab.mass.data import check_paper_inputs
 from moelab.mass.experiment import SynthSetup, mass_config
 from moelab.mass.method import MassConfig
+from moelab.profiles import dry_run_table as dry_run_table_of
 
-__all__ = ["MassProfile", "GlueProfile", "PROFILES", "profile", "profile_table", "synth"]
+__all__ = ["MassProfile", "GlueProfile", "PROFILES", "PAPER_GLUE", "profile", "profile_table", "synth",
+           "dry_run_profile", "dry_run_table"]
 
 
 @dataclass(frozen=True)
 class GlueProfile:
-    """The real-data part (GLUE stand-in, notebook 04 section 6): tasks (None: every usable task), methods, seeds and
-    the fields of :class:`moelab.mass.GlueStandinConfig`."""
+    """The real-data part (notebook 04 section 6): tasks (None: every usable task), methods, seeds and the fields of
+    :class:`moelab.mass.GlueStandinConfig`.
+
+    ``source`` "standin": all-MiniLM-L6-v2 on the suite's BIG-bench text classification tasks, ``steps`` per run
+    (``smoke``, ``full``).  "glue" (``paper``): the user's BERT (``MODEL_PATH``) on the official GLUE files
+    (``GLUE_DIR``), the public scripts' schedule: ``epochs`` passes over each task's training split in batches of
+    ``batch_size`` (so ``steps`` = ceil(epochs n_train / batch_size) per task) with an evaluation every epoch; early
+    selection on ``val_items`` items held out of train (at most 10%), the dev file reported; ``max_train`` /
+    ``max_eval`` cut the splits (the dry run only).  The other fields are :class:`moelab.mass.GlueStandinConfig`'s;
+    their defaults here are its own, so the stand-in profiles pass the values they always had."""
     tasks: tuple | None = None
     methods: tuple = ("cosine", "dynmoe", "mass")
     seeds: tuple = (0, 1, 2)
@@ -26,10 +38,44 @@ class GlueProfile:
     batch_size: int = 16
     dyn_interval: int = 10
     max_length: int = 64
+    source: str = "standin"
+    epochs: int | None = None
+    val_items: int = 1000
+    max_train: int | None = None
+    max_eval: int | None = None
+    lr: float = 5e-5
+    lr_new: float = 1e-3
+    warmup_frac: float = 0.1
+    layer: int = -1
+    cosine_experts: int = 4
+    cosine_top_k: int = 2
+    init_experts: int = 4
+    max_experts: int = 9
+    cpd_warmup_frac: float = 0.005
+    cpd_window_frac: float = 0.01
+    cpd_min_warmup: int = 3
+    cpd_min_window: int = 6
+
+    def __post_init__(self):
+        if self.source not in ("standin", "glue"):
+            raise ValueError(f"GlueProfile.source={self.source!r} must be 'standin' or 'glue'")
+        if self.source == "glue" and (not self.tasks or not self.epochs):
+            raise ValueError("GlueProfile(source='glue') needs tasks (GLUE task names) and epochs")
 
     def standin_config(self) -> dict:
+        """The :class:`moelab.mass.GlueStandinConfig` fields of the stand-in (``source`` "standin")."""
         return dict(steps=self.steps, eval_every=self.eval_every, batch_size=self.batch_size,
                     dyn_interval=self.dyn_interval, max_length=self.max_length)
+
+    def task_config(self, n_train: int) -> dict:
+        """The :class:`moelab.mass.GlueStandinConfig` fields of one GLUE task with ``n_train`` training items
+        (``source`` "glue"): ``epochs`` x ceil(n_train / batch_size) steps, an evaluation every epoch, and every
+        other setting of this profile."""
+        per_epoch = max(1, math.ceil(n_train / self.batch_size))
+        keep = ("batch_size", "dyn_interval", "max_length", "lr", "lr_new", "warmup_frac", "layer", "cosine_experts",
+                "cosine_top_k", "init_experts", "max_experts", "cpd_warmup_frac", "cpd_window_frac", "cpd_min_warmup",
+                "cpd_min_window")
+        return dict(steps=int(self.epochs) * per_epoch, eval_every=per_epoch, **{k: getattr(self, k) for k in keep})
 
 
 def synth(**kw) -> SynthSetup:
@@ -70,10 +116,29 @@ class MassProfile:
         """The public code's MASS settings at this schedule, starting from ``start`` experts (delta scaled to W1)."""
         return mass_config(self.synth, start)
 
+    def check_inputs(self, model_path=None, glue_dir=None) -> pd.DataFrame | None:
+        """The paper profile's early check of ``MODEL_PATH`` and ``GLUE_DIR`` (:func:`moelab.mass.data.check_paper_inputs`,
+        seconds, before any training); None for the profiles that read no user path."""
+        if self.glue is None or self.glue.source != "glue":
+            return None
+        return check_paper_inputs(model_path, glue_dir, self.glue.tasks, self.glue.layer)
+
     @property
     def tokens_per_model(self) -> int:
         return self.synth.steps * self.synth.batch_size * (self.synth.input_len + 1)
 
+
+# The GLUE arm of the paper profile (MASS Sec. 4.4; psmiz/MASS Language/scripts_mass/{cola,qnli,rte,mnli,mrpc}.sh and
+# search_glue_no_trainer_mass.py): MoE at layer 10 of bert-large, MASS from 8 experts up to 16, top-p 0.5, AdamW at
+# 2e-5 for every weight (the gate too), linear decay without warm-up, batch 32, length 128, 10 epochs, evaluated every
+# epoch, seeds 0-2; the public change-point windows max(30, .05T) / max(60, .09T). Ours: DynMoE in the same 8-of-16
+# slots, the cosine-router MoE (GMoE) with 8 experts top-2 (the scripts for these two are not public), early
+# selection on 1000 items held out of train (the scripts select on dev, the reported split), and the dense arm.
+PAPER_GLUE = GlueProfile(source="glue", tasks=("cola", "qnli", "rte", "mnli", "mrpc"),
+                         methods=("dense", "cosine", "dynmoe", "mass"), seeds=(0, 1, 2), epochs=10, batch_size=32,
+                         max_length=128, lr=2e-5, lr_new=2e-5, warmup_frac=0.0, layer=10, cosine_experts=8,
+                         cosine_top_k=2, init_experts=8, max_experts=16, cpd_warmup_frac=0.05, cpd_window_frac=0.09,
+                         cpd_min_warmup=30, cpd_min_window=60)
 
 PAPER_SETTING = dict(family="10/10/50", format="not stated (lost in extraction)", layers=1, d_model="not stated",
                      d_ff="- (Linear+SiLU)", router_lr="not stated (public GLUE: gate at the fine-tuning LR)",
@@ -100,15 +165,66 @@ PROFILES = {
     "paper": MassProfile("paper", synth(steps=13000, n_entities=10, n_properties=10, n_symbols=50, attn_layers=4,
                                         d_model=256, n_heads=8, batch_size=128, lr=1e-3, max_experts=16),
                          counts=tuple(range(1, 17)), seeds=(0, 1, 2), mass_seeds=(0, 1, 2, 3, 4), starts=(2, 4, 8),
-                         ks=(1, 2, 4), note="10/10/50 at GINC scale (4 layers, ~35M tokens per model) on one GPU; untuned"),
+                         ks=(1, 2, 4), glue=PAPER_GLUE,
+                         note="10/10/50 at GINC scale (4 layers, ~35M tokens per model) on one GPU; untuned; GLUE: "
+                              "MODEL_PATH (BERT) on GLUE_DIR, the public scripts' settings, plus the dense parent"),
 }
 
+# What a dry run of the paper profile cuts (issue 51): sizes only -- steps, batch, test draw, the naive grid, seeds,
+# MASS start sizes, the top-k sweep; on GLUE the items per split, seeds, batch, length and the change-point minima
+# (the public max(30, .05T) / max(60, .09T) would test nothing in a 60-step run, so the dry run would not reach the
+# test: minima 2 / 4 let it fire). Every method, task, model shape and switch of the paper profile is kept.
+DRY_RUN_SYNTH = dict(steps=20, batch_size=16, n_test=64)
+DRY_RUN_RUNS = dict(counts=(1, 2, 4), ks=(1, 2), seeds=(0, 1), mass_seeds=(0, 1), starts=(2, 4), sweep_ks=(1, 2),
+                    sweep_seeds=(0,))
+DRY_RUN_GLUE = dict(seeds=(0,), epochs=4, batch_size=8, max_length=64, max_train=32, max_eval=16, cpd_min_warmup=2,
+                    cpd_min_window=4)
 
-def profile(name: str) -> MassProfile:
-    """The :class:`MassProfile` of ``name``; ValueError naming the profiles otherwise."""
+
+def dry_run_profile() -> MassProfile:
+    """The paper profile with only its sizes cut (:data:`DRY_RUN_SYNTH`, :data:`DRY_RUN_RUNS`,
+    :data:`DRY_RUN_GLUE`): every cell of the paper path runs, on CPU in float32 in about a minute on the stand-ins."""
+    p = PROFILES["paper"]
+    return replace(p, synth=replace(p.synth, **DRY_RUN_SYNTH), glue=replace(p.glue, **DRY_RUN_GLUE),
+                   note="dry run: the paper profile with sizes cut (not evidence)", **DRY_RUN_RUNS)
+
+
+def profile(name: str, dry_run: bool = False) -> MassProfile:
+    """The :class:`MassProfile` of ``name``; ValueError naming the profiles otherwise.  ``dry_run`` (paper profile
+    only, issue 51): :func:`dry_run_profile`."""
     if name not in PROFILES:
         raise ValueError(f"unknown PROFILE {name!r}: expected one of {', '.join(PROFILES)}")
+    if dry_run:
+        if name != "paper":
+            raise ValueError(f"DRY_RUN=True is for PROFILE='paper', got {name!r}")
+        return dry_run_profile()
     return PROFILES[name]
+
+
+def _settings(p: MassProfile) -> dict:
+    """Every setting of a profile as one flat dict (``synth.<field>``, ``<run field>``, ``glue.<field>``)."""
+    out = {f"synth.{k}": v for k, v in asdict(p.synth).items()}
+    out.update({k: getattr(p, k) for k in ("counts", "ks", "seeds", "mass_seeds", "starts", "sweep_ks", "sweep_seeds")})
+    out.update({f"glue.{k}": v for k, v in (asdict(p.glue) if p.glue else {}).items()})
+    return out
+
+
+def dry_run_table() -> pd.DataFrame:
+    """What the dry run cuts (notebook 04's first table under ``DRY_RUN``): every setting whose value differs from the
+    paper profile's, plus the model shapes, methods and tasks it keeps (:func:`moelab.profiles.dry_run_table`)."""
+    keep = ("synth.d_model", "synth.attn_layers", "synth.n_heads", "synth.max_experts", "synth.d_ff", "synth.lr",
+            "glue.source", "glue.tasks", "glue.methods", "glue.epochs", "glue.layer", "glue.init_experts",
+            "glue.max_experts", "glue.lr")
+    return dry_run_table_of(_settings(PROFILES["paper"]), _settings(dry_run_profile()), keep=keep)
+
+
+def _glue_text(g: GlueProfile | None) -> str:
+    if g is None:
+        return "no"
+    if g.source == "standin":
+        return f"stand-in (MiniLM, BIG-bench text tasks), {len(g.seeds)} seeds"
+    return (f"MODEL_PATH on GLUE_DIR: {len(g.tasks)} tasks x {', '.join(g.methods)} x {len(g.seeds)} seeds, "
+            f"{g.epochs} epochs")
 
 
 def profile_table(current: str | None = None) -> pd.DataFrame:
@@ -121,5 +237,5 @@ def profile_table(current: str | None = None) -> pd.DataFrame:
             layers=x.attn_layers, d_model=x.d_model, d_ff=x.d_ff or "- (W1 d x d)", router_lr=f"{x.router_lr_mult:g}x",
             steps=x.steps, tokens_per_model=f"{p.tokens_per_model / 1e6:.1f}M",
             counts=",".join(map(str, p.counts)), seeds=len(p.seeds), mass_starts=",".join(map(str, p.starts)),
-            mass_seeds=len(p.mass_seeds), device=x.device, glue="yes" if p.glue else "no")
+            mass_seeds=len(p.mass_seeds), device=x.device, glue=_glue_text(p.glue))
     return pd.DataFrame(rows).T.fillna("")

@@ -33,6 +33,8 @@ import numpy as np
 import pandas as pd
 
 from moelab.assets import MissingAsset
+from moelab.cache import path_identity
+from moelab.inputs import InputFormatError, require_hf_model, require_path
 from moelab.profiles import paper_input_hint
 
 __all__ = ["GINCConfig", "GINC", "build_ginc", "sample_documents", "sample_prompts", "predictive_probs",
@@ -40,7 +42,8 @@ __all__ = ["GINCConfig", "GINC", "build_ginc", "sample_documents", "sample_promp
            "GINC_EXAMPLE_COUNTS", "GINC_PROMPTS_PER_SETTING", "GINC_MAX_PROMPT_TOKENS", "GINC_TRAIN_DOCS",
            "GINC_DOC_LEN", "switch_readings", "ginc_settings", "incontext_positions", "sample_incontext",
            "incontext_predictive", "incontext_bayes", "within_example_bayes", "NGram",
-           "ngram_baselines", "GLUE_FILES", "load_glue_task", "bert_large_path"]
+           "ngram_baselines", "GLUE_FILES", "GLUE_LABELS", "GLUE_TASKS", "glue_file", "load_glue_task",
+           "check_glue_dir", "glue_task", "check_paper_inputs", "bert_large_path"]
 
 ENTITY_SWITCH = ("ginc", "t1", "uniform")
 # p-lambda/incontext-learning generate_data.py (reference facts): in-context prompt settings
@@ -541,35 +544,174 @@ def ngram_baselines(train: dict, test: dict, vocab_size: int, orders=(1, 2, 3), 
 
 
 # ----------------------------------------------------------------------------------------------- GLUE (paper profile)
+# The official GLUE data folder (the layout of GLUE's download_glue_data.py; MASS Sec. 4.4 fine-tunes on CoLA, QNLI,
+# RTE, MNLI, MRPC): <GLUE_DIR>/<TASK>/train.tsv and dev.tsv (MNLI: dev_matched.tsv), tab-separated, no quoting.
+# CoLA has no header (columns: source, label, original mark, sentence); the others have a header row, and the columns
+# read are named there (MNLI's train.tsv has 12 columns, its dev_matched.tsv 16: sentence1, sentence2 and gold_label
+# are found by name). MRPC's header may start with a byte-order mark (the original msr_paraphrase files carry one).
 GLUE_FILES = {"cola": ("CoLA", None), "rte": ("RTE", ("sentence1", "sentence2")), "qnli": ("QNLI", ("question", "sentence")),
               "mnli": ("MNLI", ("sentence1", "sentence2")), "mrpc": ("MRPC", ("#1 String", "#2 String"))}
+GLUE_LABEL_COLUMN = {"rte": "label", "qnli": "label", "mnli": "gold_label", "mrpc": "Quality"}
+# every label a task's files may hold, in the order of the classifier's outputs
+GLUE_LABELS = {"cola": ("0", "1"), "rte": ("entailment", "not_entailment"), "qnli": ("entailment", "not_entailment"),
+               "mnli": ("contradiction", "entailment", "neutral"), "mrpc": ("0", "1")}
+GLUE_TASKS = tuple(GLUE_FILES)
+_NB, _GLUE_WHAT = "04", "the official GLUE data folder (CoLA/, RTE/, QNLI/, MNLI/, MRPC/ with train.tsv and dev.tsv)"
 
 
-def load_glue_task(glue_dir, task: str, split: str = "train") -> pd.DataFrame:
-    """Read a GLUE task (MASS Sec. 4.4; notebook 04 paper profile) from the official TSV layout
-    (``<glue_dir>/<TASK>/{train,dev}.tsv``; MNLI dev is ``dev_matched.tsv``) -> DataFrame(text_a, text_b, label).
-    Missing folder -> MissingAsset."""
+def glue_file(glue_dir, task: str, split: str = "train") -> Path:
+    """The TSV of ``task``'s ``split`` ("train" or "dev"; MNLI's dev is ``dev_matched.tsv``) under ``glue_dir``."""
     if task not in GLUE_FILES:
         raise ValueError(f"task={task!r} not among {list(GLUE_FILES)}")
-    folder, cols = GLUE_FILES[task]
-    name = "dev_matched" if (task == "mnli" and split == "dev") else split
-    path = Path(glue_dir) / folder / f"{name}.tsv"
+    if split not in ("train", "dev"):
+        raise ValueError(f"split={split!r} must be 'train' or 'dev'")
+    folder = GLUE_FILES[task][0]
+    return Path(glue_dir) / folder / f"{'dev_matched' if (task == 'mnli' and split == 'dev') else split}.tsv"
+
+
+def _glue_rows(path: Path, task: str, limit: int | None = None) -> tuple[list[str] | None, list[list[str]]]:
+    """(header or None for CoLA, rows) of a GLUE TSV, read as GLUE's own processors read it (tab-separated, no
+    quoting, UTF-8 with an optional byte-order mark); ``limit``: only the first data rows."""
+    with path.open(encoding="utf-8-sig", newline="") as fh:
+        reader = csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)
+        header = None if GLUE_FILES[task][1] is None else next(reader, None)
+        rows = []
+        for r in reader:
+            if r:
+                rows.append(r)
+            if limit is not None and len(rows) >= limit:
+                break
+    return header, rows
+
+
+def _glue_columns(path: Path, task: str, header) -> tuple[int, int, int | None]:
+    """Column indices (text_a, label, text_b or None) of a GLUE TSV, from its header (CoLA: fixed, 3 / 1); a missing
+    column raises :class:`moelab.inputs.InputFormatError` naming the file and the column."""
+    cols = GLUE_FILES[task][1]
+    if cols is None:
+        return 3, 1, None
+    if not header:
+        raise InputFormatError(_NB, "GLUE_DIR", path, "is empty (no header row)", f"copy {task}'s files from {_GLUE_WHAT}")
+    need = [cols[0], GLUE_LABEL_COLUMN[task], cols[1]]
+    missing = [c for c in need if c not in header]
+    if missing:
+        raise InputFormatError(_NB, "GLUE_DIR", path, f"header has no column {missing[0]!r} (it has {header})",
+                               f"use the official GLUE {GLUE_FILES[task][0]} files, whose header names {need}")
+    return tuple(header.index(c) for c in need)
+
+
+def load_glue_task(glue_dir, task: str, split: str = "train", limit: int | None = None) -> pd.DataFrame:
+    """Read a GLUE task (MASS Sec. 4.4; notebook 04 paper profile) from the official TSV layout
+    (``<glue_dir>/<TASK>/{train,dev}.tsv``; MNLI dev is ``dev_matched.tsv``) -> DataFrame(text_a, text_b, label) with
+    the labels as written (:data:`GLUE_LABELS`).  A missing file raises ``MissingAsset`` naming ``GLUE_DIR``; a row
+    without the needed columns or with a label outside :data:`GLUE_LABELS` raises
+    :class:`moelab.inputs.InputFormatError` naming the file, the line and the field.  ``limit``: the first rows."""
+    path = glue_file(glue_dir, task, split)
     if not path.is_file():
-        raise MissingAsset(f"GLUE/{folder}", f"{path} not found (pass GLUE_DIR: the official GLUE data folder)",
-                           command=paper_input_hint("04", "GLUE_DIR", "the official GLUE data folder"))
-    if cols is None:       # CoLA: no header; columns source, label, original label, sentence
-        rows = list(csv.reader(path.open(encoding="utf-8"), delimiter="\t", quoting=csv.QUOTE_NONE))
-        return pd.DataFrame(dict(text_a=[r[3] for r in rows], text_b="", label=[r[1] for r in rows]))
-    df = pd.read_csv(path, sep="\t", quoting=csv.QUOTE_NONE, dtype=str, keep_default_na=False)
-    lab = "Quality" if task == "mrpc" else ("gold_label" if task == "mnli" and "gold_label" in df else "label")
-    return pd.DataFrame(dict(text_a=df[cols[0]], text_b=df[cols[1]], label=df[lab]))
+        raise MissingAsset(f"GLUE/{GLUE_FILES[task][0]}", f"{path} not found (GLUE_DIR={str(glue_dir)!r})",
+                           command=paper_input_hint(_NB, "GLUE_DIR", _GLUE_WHAT))
+    header, rows = _glue_rows(path, task, limit)
+    ia, il, ib = _glue_columns(path, task, header)
+    first = 1 if header is None else 2
+    width = max(ia, il, ib or 0) + 1
+    for n, r in enumerate(rows, first):
+        if len(r) < width:
+            raise InputFormatError(_NB, "GLUE_DIR", path, f"line {n} has {len(r)} tab-separated fields, expected at "
+                                   f"least {width}", "use the official GLUE files (tab-separated, no quoting)")
+        if r[il] not in GLUE_LABELS[task]:
+            field = "label (column 2)" if header is None else repr(header[il])
+            raise InputFormatError(_NB, "GLUE_DIR", path, f"line {n}: field {field} is {r[il]!r}, expected one of "
+                                   f"{list(GLUE_LABELS[task])}", f"use the official GLUE {GLUE_FILES[task][0]} files")
+    return pd.DataFrame(dict(text_a=[r[ia] for r in rows], text_b=["" if ib is None else r[ib] for r in rows],
+                             label=[r[il] for r in rows]))
 
 
-def bert_large_path(path) -> Path:
-    """A local BERT-large Hugging Face folder (config.json + weights; MASS Sec. 4.4, notebook 04 paper profile), else
-    MissingAsset (not obtainable offline)."""
-    p = Path(path) if path else None
-    if p is None or not (p / "config.json").is_file():
-        raise MissingAsset("bert-large", f"no config.json under {p} (pass MODEL_PATH: a local bert-large folder)",
-                           command=paper_input_hint("04", "MODEL_PATH", "a local bert-large-uncased folder (HF format)"))
+def check_glue_dir(glue_dir, tasks=GLUE_TASKS, rows: int = 5) -> dict:
+    """Early check of ``GLUE_DIR`` (notebook 04 paper profile, issue 51; seconds, before any training): the folder
+    exists, holds a folder per task in ``tasks`` with its train and dev files, each file's header names the columns
+    :func:`load_glue_task` reads and its first ``rows`` rows parse with known labels.  A missing task folder raises
+    :class:`moelab.inputs.InputFormatError` naming ``GLUE_DIR``, the folder and the fix.  Returns {task: {split:
+    path}}."""
+    root = require_path(_NB, "GLUE_DIR", glue_dir, _GLUE_WHAT)
+    if not root.is_dir():
+        raise InputFormatError(_NB, "GLUE_DIR", root, "is a file, not a folder", f"pass {_GLUE_WHAT}")
+    out = {}
+    for task in tasks:
+        if task not in GLUE_FILES:
+            raise ValueError(f"GLUE task {task!r} not among {list(GLUE_FILES)}")
+        folder = root / GLUE_FILES[task][0]
+        if not folder.is_dir():
+            have = sorted(p.name for p in root.iterdir() if p.is_dir())
+            raise InputFormatError(_NB, "GLUE_DIR", root, f"has no task folder {GLUE_FILES[task][0]!r} (task {task}; it "
+                                   f"holds {have})", f"copy the official GLUE {GLUE_FILES[task][0]}/ folder "
+                                   f"({glue_file(root, task, 'train').name}, {glue_file(root, task, 'dev').name}) "
+                                   f"into {root}")
+        for split in ("train", "dev"):
+            p = glue_file(root, task, split)
+            if not p.is_file():
+                raise InputFormatError(_NB, "GLUE_DIR", folder, f"has no {p.name} (task {task})",
+                                       f"copy the official GLUE {GLUE_FILES[task][0]}/{p.name} there")
+            if load_glue_task(root, task, split, limit=rows).empty:
+                raise InputFormatError(_NB, "GLUE_DIR", p, "holds no data rows", f"copy the official file there")
+        out[task] = {s: glue_file(root, task, s) for s in ("train", "dev")}
+    return out
+
+
+def glue_task(glue_dir, task: str, val_items: int = 1000, max_train: int | None = None,
+              max_eval: int | None = None, seed: int = 0) -> dict:
+    """A GLUE task as the fine-tuning runs read it (notebook 04 paper profile; the same dict as
+    ``moelab.suite.textcls.tasks``): ``train``/``validation``/``test`` lists of ((text_a, text_b) or text_a,
+    label index in :data:`GLUE_LABELS`), ``labels``, ``chance`` (majority-class share of the test split).
+
+    GLUE's test labels are hidden, so the reported split is the dev file (``test``; MNLI: dev_matched) and early
+    selection reads ``validation``: min(``val_items``, 10% of train) items held out of train by a permutation seeded
+    ``seed`` (the public scripts select the best epoch on dev itself, which would choose on the reported split).
+    ``max_train`` / ``max_eval``: cut the training split and the two evaluation splits (the dry run)."""
+    labels = GLUE_LABELS[task]
+
+    def items(df):
+        a, b = df.text_a.tolist(), df.text_b.tolist()
+        x = a if GLUE_FILES[task][1] is None else list(zip(a, b))
+        return [(xi, labels.index(y)) for xi, y in zip(x, df.label)]
+
+    train, test = items(load_glue_task(glue_dir, task, "train")), items(load_glue_task(glue_dir, task, "dev"))
+    perm = np.random.default_rng(seed).permutation(len(train))
+    n_val = max(1, min(int(val_items), len(train) // 10))
+    val, train = [train[i] for i in perm[:n_val]], [train[i] for i in perm[n_val:]]
+    if max_train is not None:
+        train = train[:max_train]
+    if max_eval is not None:
+        val, test = val[:max_eval], test[:max_eval]
+    if not train or not test:
+        raise InputFormatError(_NB, "GLUE_DIR", glue_file(glue_dir, task, "train" if not train else "dev"),
+                               f"leaves an empty {'train' if not train else 'dev'} split for task {task}",
+                               "use the official GLUE files")
+    counts = np.bincount([y for _, y in test], minlength=len(labels))
+    return dict(train=train, validation=val, test=test, labels=list(labels), chance=float(counts.max() / len(test)))
+
+
+def check_paper_inputs(model_path, glue_dir, tasks=GLUE_TASKS, layer: int | None = None) -> pd.DataFrame:
+    """Every input of notebook 04's paper profile, checked in seconds before any training (issue 51):
+    ``MODEL_PATH`` (:func:`bert_large_path`) and ``GLUE_DIR`` (:func:`check_glue_dir` for ``tasks``).  Returns one row
+    per input: parameter, resolved path, files and digest (:func:`moelab.cache.path_identity`, the identity the cache
+    keys hold)."""
+    bert_large_path(model_path, layer)
+    files = check_glue_dir(glue_dir, tasks)
+    rows = [dict(parameter="MODEL_PATH", what="BERT (HF folder)", **path_identity(model_path))]
+    rows += [dict(parameter="GLUE_DIR", what=f"GLUE {t}", **path_identity(f["train"].parent)) for t, f in files.items()]
+    return pd.DataFrame(rows)
+
+
+def bert_large_path(path, layer: int | None = None) -> Path:
+    """A local BERT Hugging Face folder (MASS Sec. 4.4 fine-tunes bert-large; notebook 04 paper profile): checked by
+    :func:`moelab.inputs.require_hf_model` (config.json with ``model_type`` "bert", weights, tokenizer), and, with
+    ``layer``, that it has more than ``layer`` transformer layers (the public scripts make layer 10 of bert-large's
+    24 an MoE layer).  Missing -> ``MissingAsset``; wrong format -> :class:`moelab.inputs.InputFormatError`."""
+    what = "a local bert-large-uncased folder (HF format)"
+    cfg = require_hf_model(_NB, "MODEL_PATH", path, what, model_types=("bert",))
+    p = Path(path).expanduser()
+    if layer is not None and int(cfg.get("num_hidden_layers", 0)) <= int(layer):
+        raise InputFormatError(_NB, "MODEL_PATH", p / "config.json", f"field 'num_hidden_layers' is "
+                               f"{cfg.get('num_hidden_layers')}, but the MoE layer is layer {layer} (0-based)",
+                               f"pass {what} (24 layers), or a BERT with more than {layer} layers")
     return p

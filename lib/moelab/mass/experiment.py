@@ -29,14 +29,15 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
+from transformers import AutoTokenizer, BertModel
 
 from moelab import assets, progress
 from moelab import train as mtrain
 from moelab.core import diagnostics, moe_layers
-from moelab.cache import memo
+from moelab.cache import memo, path_identity
 from moelab.core.convert import moeify
-from moelab.mass.data import (GINCConfig, build_ginc, incontext_bayes, ngram_baselines, sample_documents,
-                              sample_incontext, within_example_bayes)
+from moelab.mass.data import (GINCConfig, bert_large_path, build_ginc, check_glue_dir, glue_task, incontext_bayes,
+                              ngram_baselines, sample_documents, sample_incontext, within_example_bayes)
 from moelab.mass.method import (DynMoEAdapter, MassConfig, MassExpander, MassLayerExpander, mass_settings,
                                 slots_delta, top_p_weights, topk_weights)
 from moelab.seed import seed_everything
@@ -45,7 +46,7 @@ from moelab.suite import textcls
 __all__ = ["sinusoidal_positions", "StackedMoETransformer", "train_stacked", "lr_factor", "LR_DECAYS",
            "run_naive_groups", "eval_per_sequence", "evaluate_stacked", "collect_routing", "SynthSetup", "EVAL_SPLITS", "reference_levels",
            "run_naive", "run_mass", "run_from_config", "GLUE_METHODS", "GlueStandinConfig", "MiniLMClassifier",
-           "glue_standin", "run_glue_standin", "resolve_device", "DEVICES", "NGRAM_K_GRID", "mass_config",
+           "BertPoolerClassifier", "glue_standin", "run_glue_standin", "resolve_device", "DEVICES", "NGRAM_K_GRID", "mass_config",
            "cached_reference_levels", "naive_frontier", "mass_start_runs", "topk_sweep", "task_digest",
            "run_glue_standin_cached", "glue_part"]
 
@@ -708,9 +709,12 @@ def run_from_config(config: dict) -> pd.DataFrame:
 # ----------------------------------------------------------------------------------------------- real-data part (GLUE stand-in)
 # MASS Sec. 4.4 / Fig. 4 fine-tunes BERT-large with MoE FFNs on five GLUE tasks and compares a cosine-router MoE (GMoE),
 # DynMoE and MASS (accuracy, final pool size, active experts per token; 3 seeds).  Offline stand-in (notebook 04,
-# section 7, ``full`` profile): all-MiniLM-L6-v2 with the FFN of one layer sparse-upcycled to an MoE, fine-tuned on the
-# suite's usable text classification tasks (``moelab.suite.textcls``).
-GLUE_METHODS = ("cosine", "dynmoe", "mass")
+# section 6, ``full`` profile): all-MiniLM-L6-v2 with the FFN of one layer sparse-upcycled to an MoE, fine-tuned on the
+# suite's usable text classification tasks (``moelab.suite.textcls``).  ``paper`` profile: the user's BERT
+# (``MODEL_PATH``, CLS pooler + linear head as BertForSequenceClassification) on the official GLUE files
+# (``GLUE_DIR``), plus "dense": the same BERT fine-tuned without an MoE layer (the dense parent the regime compares
+# the reference MoE with).
+GLUE_METHODS = ("cosine", "dynmoe", "mass", "dense")
 
 
 @dataclass
@@ -742,6 +746,7 @@ class GlueStandinConfig:
     cpd_window_frac: float = 0.01
     cpd_min_warmup: int = 3
     cpd_min_window: int = 6
+    device: str = "auto"        # "auto": CUDA with bf16 autocast when present, else CPU in float32 (moelab.train)
 
     def __post_init__(self):
         for n in ("steps", "batch_size", "max_length", "eval_every", "cosine_experts", "cosine_top_k", "init_experts",
@@ -764,6 +769,11 @@ class GlueStandinConfig:
 
 
 
+    def key(self) -> dict:
+        """Cache key: the fields with the device resolved (a GPU run in bf16 is not a CPU run)."""
+        return dict(vars(self), device=resolve_device(self.device))
+
+
 class MiniLMClassifier(torch.nn.Module):
     """all-MiniLM-L6-v2 body (HF BertModel), mean pooling over real tokens, linear head:
     h = BERT(x) [B,S,d];  pooled = sum_s m_s h_s / sum_s m_s [B,d];  logits = W pooled + b [B,C]."""
@@ -779,6 +789,22 @@ class MiniLMClassifier(torch.nn.Module):
         return self.head((h * m).sum(1) / m.sum(1).clamp_min(1.0))
 
 
+class BertPoolerClassifier(torch.nn.Module):
+    """BERT's sequence classifier (the head of transformers' BertForSequenceClassification, which the public GLUE
+    scripts fine-tune; paper profile): logits = W dropout(pooler(h_[CLS])) + b, pooler = tanh(W_p h_[CLS] + b_p) from
+    the checkpoint, W a fresh [C, d] head."""
+
+    def __init__(self, bert, n_labels: int):
+        super().__init__()
+        self.bert = bert
+        self.drop = torch.nn.Dropout(bert.config.hidden_dropout_prob)
+        self.head = torch.nn.Linear(bert.config.hidden_size, n_labels)
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None):
+        out = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        return self.head(self.drop(out.pooler_output))
+
+
 def _check_task(task: dict) -> None:
     for split in ("train", "validation", "test"):
         if not task.get(split):
@@ -787,37 +813,52 @@ def _check_task(task: dict) -> None:
         raise ValueError("task has no labels")
 
 
-def _build_glue_model(n_labels: int, method: str, cfg: GlueStandinConfig, seed: int):
-    """MiniLM + head with the FFN of layer ``cfg.layer`` sparse-upcycled (experts = copies of the FFN)."""
+def _build_glue_model(n_labels: int, method: str, cfg: GlueStandinConfig, seed: int, model_path=None):
+    """The body + head with the FFN of layer ``cfg.layer`` sparse-upcycled (experts = copies of the FFN); "dense":
+    no MoE layer (returns layer None).  ``model_path`` None: all-MiniLM-L6-v2 with mean pooling (the stand-in); a
+    local BERT folder: that BERT with its pooler head (:class:`BertPoolerClassifier`, the paper profile)."""
     seed_everything(seed)
-    st = assets.load_minilm()
-    bert, tok = st[0].auto_model, st.tokenizer
+    if model_path is None:
+        st = assets.load_minilm()
+        bert, tok = st[0].auto_model, st.tokenizer
+    else:
+        bert, tok = BertModel.from_pretrained(str(model_path)), AutoTokenizer.from_pretrained(str(model_path))
+        seed_everything(seed)                     # the head and the routers are drawn the same whatever the loader drew
     bert.train()
+    if method == "dense":
+        model = MiniLMClassifier(bert, n_labels) if model_path is None else BertPoolerClassifier(bert, n_labels)
+        return model, tok, None
     kw = dict(cosine=dict(num_experts=cfg.cosine_experts, top_k=cfg.cosine_top_k, router="cosine", renormalize=True),
               dynmoe=dict(num_experts=cfg.max_experts, top_k=1, router="topany", num_active=cfg.init_experts),
               mass=dict(num_experts=cfg.max_experts, top_k=1, router="top_p", top_p=cfg.top_p, renormalize="mass_batch",
                         num_active=cfg.init_experts))[method]
     moeify(bert, [cfg.layer], init="sparse", **kw)
-    model = MiniLMClassifier(bert, n_labels)
+    model = MiniLMClassifier(bert, n_labels) if model_path is None else BertPoolerClassifier(bert, n_labels)
     return model, tok, moe_layers(model)[0]
 
 
-def glue_standin(task: dict, method: str, seed: int, cfg: GlueStandinConfig, name: str = "task") -> dict:
+def glue_standin(task: dict, method: str, seed: int, cfg: GlueStandinConfig, name: str = "task",
+                 model_path=None) -> dict:
     """One run of the GLUE stand-in (MASS Sec. 4.4 / Fig. 4; notebook 04 section 7): MiniLM with one upcycled MoE
     layer + mean pooling + linear head, fine-tuned with ``moelab.train.train`` on ``task['train']``; every
     ``eval_every`` steps the validation accuracy is measured and the test metrics are taken at the best one (early
     selection on validation).  ``method``: "cosine" (fixed pool, cosine router top-k), "dynmoe" (top-any gate +
-    :class:`DynMoEAdapter`), "mass" (top-p routing + :class:`MassLayerExpander`, redundancy loss while expanding).
+    :class:`DynMoEAdapter`), "mass" (top-p routing + :class:`MassLayerExpander`, redundancy loss while expanding), "dense" (no MoE layer: the dense parent;
+    pool 1, one active FFN per token).  ``model_path``: a local BERT folder (paper profile) instead of MiniLM; items
+    are (text, label) or ((text_a, text_b), label) for sentence pairs.  Trains on ``cfg.device`` through
+    ``moelab.train`` ("auto": CUDA with bf16 autocast when present, else CPU in float32).
     Returns dict(row: task, method, seed, acc, chance, final_pool, pool_at_best, mean_active, best_step, steps,
     n_test, expansions, removals, wall_s; correct [n_test] per-item test correctness; history; events)."""
     if method not in GLUE_METHODS:
         raise ValueError(f"method={method!r} not among {GLUE_METHODS}")
     _check_task(task)
     t0 = time.perf_counter()
-    model, tok, layer = _build_glue_model(len(task["labels"]), method, cfg, seed)
+    model, tok, layer = _build_glue_model(len(task["labels"]), method, cfg, seed, model_path)
 
     def encode(items):
-        enc = tok([x for x, _ in items], truncation=True, max_length=cfg.max_length, padding=True, return_tensors="pt")
+        xs = [x for x, _ in items]
+        texts = ([a for a, _ in xs], [b for _, b in xs]) if isinstance(xs[0], (tuple, list)) else (xs,)
+        enc = tok(*texts, truncation=True, max_length=cfg.max_length, padding=True, return_tensors="pt")
         return dict(enc), torch.tensor([y for _, y in items])
 
     state = dict(batch=None)
@@ -827,12 +868,12 @@ def glue_standin(task: dict, method: str, seed: int, cfg: GlueStandinConfig, nam
         enc, y = batch
         state["batch"] = batch
         ce = F.cross_entropy(m(**enc), y)                               # L = CE(W pooled, y)
-        loss = ce + cfg.aux_weight * layer.aux_loss                       # + balancing loss
+        loss = ce if layer is None else ce + cfg.aux_weight * layer.aux_loss   # + balancing loss
         if mass_ex is not None:
             loss = loss + mass_ex.redundancy_loss(state.get("step", 0))  # + L_red while expanding
         state["step"] = state.get("step", 0) + 1
         # task_loss: CE alone, whose router gradient the trainer logs
-        return loss, dict(ce=ce.detach(), pool=float(layer.active_mask.sum()), task_loss=ce)
+        return loss, dict(ce=ce.detach(), pool=1.0 if layer is None else float(layer.active_mask.sum()), task_loss=ce)
 
     @torch.no_grad()
     def batch_nll(masked):                                               # MASS stopping test (eval mode: no dropout)
@@ -859,12 +900,14 @@ def glue_standin(task: dict, method: str, seed: int, cfg: GlueStandinConfig, nam
     def predict(items):
         """Per-item correctness and (active experts, real tokens) summed over the split."""
         correct, n_act, n_tok = [], 0, 0
+        dev = next(model.parameters()).device                            # the trainer placed the model
         for s in range(0, len(items), 64):
             enc, y = encode(items[s:s + 64])
-            pred = model(**enc).argmax(-1)
+            enc = {k: v.to(dev) for k, v in enc.items()}
+            pred = model(**enc).argmax(-1).cpu()
             correct.append((pred == y).numpy())
             real = enc["attention_mask"].reshape(-1).bool()
-            n_act += int((layer.last_route.indices[real] >= 0).sum())   # experts used per real token
+            n_act += int(real.sum()) if layer is None else int((layer.last_route.indices[real] >= 0).sum())
             n_tok += int(real.sum())
         return np.concatenate(correct).astype(float), n_act / max(n_tok, 1)
 
@@ -875,7 +918,7 @@ def glue_standin(task: dict, method: str, seed: int, cfg: GlueStandinConfig, nam
         if val.mean() >= best["val"]:                                      # early selection on validation
             correct, active = predict(task["test"])
             best.update(val=float(val.mean()), correct=correct, mean_active=active, step=state.get("step", 0),
-                        pool=int(layer.active_mask.sum()))
+                        pool=1 if layer is None else int(layer.active_mask.sum()))
         return dict(val_acc=float(val.mean()))
 
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -885,7 +928,7 @@ def glue_standin(task: dict, method: str, seed: int, cfg: GlueStandinConfig, nam
     loader = DataLoader(list(task["train"]), batch_size=cfg.batch_size, shuffle=True, collate_fn=encode, generator=g,
                         drop_last=len(task["train"]) > cfg.batch_size)
     tcfg = mtrain.TrainConfig(lr=cfg.lr, steps=cfg.steps, seed=seed, eval_every=cfg.eval_every, warmup_frac=cfg.warmup_frac,
-                              decay="linear", device="cpu", max_grad_norm=1.0, log_every=0,
+                              decay="linear", device=cfg.device, max_grad_norm=1.0, log_every=0,
                               desc=f"{name}-{method}-s{seed}")
     res = mtrain.train(model, loader, loss_fn=loss_fn, cfg=tcfg, eval_fn=eval_fn, hooks=hooks,
                        param_groups=[dict(params=old, lr=cfg.lr), dict(params=fresh, lr=cfg.lr_new)])
@@ -894,7 +937,7 @@ def glue_standin(task: dict, method: str, seed: int, cfg: GlueStandinConfig, nam
     ev = pd.DataFrame(mass_ex.pool.events if mass_ex is not None else (dyn.events if dyn is not None else []))
     kinds = ev.kind if "kind" in ev else pd.Series(dtype=str)
     row = dict(task=name, method=method, seed=seed, acc=float(best["correct"].mean()), chance=float(task["chance"]),
-               final_pool=int(layer.active_mask.sum()), pool_at_best=best["pool"], mean_active=best["mean_active"],
+               final_pool=1 if layer is None else int(layer.active_mask.sum()), pool_at_best=best["pool"], mean_active=best["mean_active"],
                best_step=best["step"], steps=cfg.steps, n_test=len(task["test"]),
                expansions=int((kinds == "expand").sum()) if method == "mass" else int(ev.get("added", pd.Series()).sum()),
                removals=int((kinds == "remove").sum()) if method == "mass" else int(ev.get("removed", pd.Series()).sum()),
@@ -902,9 +945,11 @@ def glue_standin(task: dict, method: str, seed: int, cfg: GlueStandinConfig, nam
     return dict(row=row, correct=best["correct"], history=res.history, events=ev)
 
 
-def run_glue_standin(tasks: dict, methods, seeds, cfg: GlueStandinConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """All runs of the GLUE stand-in (notebook 04 section 7).  ``tasks``: {name: task dict} from
-    ``moelab.suite.textcls.tasks``.  Returns (runs: one row per (task, method, seed), see :func:`glue_standin`;
+def run_glue_standin(tasks: dict, methods, seeds, cfg: GlueStandinConfig,
+                     model_path=None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """All runs of the GLUE stand-in (notebook 04 section 6).  ``tasks``: {name: task dict} from
+    ``moelab.suite.textcls.tasks`` (or :func:`moelab.mass.data.glue_task` with ``model_path``, the paper profile).
+    Returns (runs: one row per (task, method, seed), see :func:`glue_standin`;
     items: task, method, seed, item, correct -- per-item test correctness for paired bootstraps)."""
     methods, seeds = list(methods), list(seeds)
     if not tasks or not methods or not seeds:
@@ -915,7 +960,7 @@ def run_glue_standin(tasks: dict, methods, seeds, cfg: GlueStandinConfig) -> tup
     rows, items = [], []
     cells = [(name, method, seed) for name in tasks for method in methods for seed in seeds]
     for name, method, seed in progress.bar(cells, desc="GLUE stand-in runs", unit="run"):
-        r = glue_standin(tasks[name], method, seed, cfg, name=name)
+        r = glue_standin(tasks[name], method, seed, cfg, name=name, model_path=model_path)
         rows.append(r["row"])
         items.append(pd.DataFrame(dict(task=name, method=method, seed=seed, item=np.arange(len(r["correct"])),
                                        correct=r["correct"])))
@@ -988,34 +1033,53 @@ def task_digest(task: dict) -> str:
     return hashlib.sha256(json.dumps(task, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def run_glue_standin_cached(tasks: dict, methods, seeds, cfg: GlueStandinConfig,
-                            cache=memo) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """:func:`run_glue_standin` one (task, method, seed) at a time through ``cache``, keyed by the task's data digest,
-    the method, the seed and the configuration (runs seed themselves, so the result does not depend on which cells
-    came from the cache).  Same return value (runs, items)."""
+def run_glue_standin_cached(tasks: dict, methods, seeds, cfg: GlueStandinConfig, cache=memo,
+                            model_path=None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """:func:`run_glue_standin` one (task, method, seed) at a time through ``cache``, keyed by the task's data digest
+    (the content of every item it trains and is scored on), the method, the seed, the configuration with its device
+    resolved and, with ``model_path`` (paper profile), the model folder's identity (:func:`moelab.cache.path_identity`:
+    another checkpoint of the same shape is another key).  Runs seed themselves, so the result does not depend on
+    which cells came from the cache.  Same return value (runs, items)."""
     methods, seeds = list(methods), list(seeds)
     if not tasks or not methods or not seeds:
         raise ValueError(f"need tasks, methods and seeds, got {len(tasks or {})} tasks, methods={methods}, seeds={seeds}")
+    extra = {} if model_path is None else dict(model=path_identity(model_path))
     runs, items = [], []
     for name, task in tasks.items():
         digest = task_digest(task)
         for method in methods:
             for seed in seeds:
                 r, it = cache("mass_glue_run", dict(task=name, data=digest, method=method, seed=int(seed),
-                                                    cfg=vars(cfg)),
+                                                    cfg=cfg.key(), **extra),
                               lambda name=name, task=task, method=method, seed=seed:
-                              run_glue_standin({name: task}, [method], [seed], cfg))
+                              run_glue_standin({name: task}, [method], [seed], cfg, model_path=model_path))
                 runs.append(r)
                 items.append(it)
     return pd.concat(runs, ignore_index=True), pd.concat(items, ignore_index=True)
 
 
-def glue_part(glue, smoke: bool = False, cache=memo) -> tuple[pd.DataFrame, pd.DataFrame] | None:
-    """The real-data part (MASS Sec. 4.4 stand-in; notebook 04 section 6) for a :class:`moelab.mass.config.GlueProfile`
-    (None: not in this profile): the suite's text classification tasks (``smoke``: the smoke subset), every method
-    and seed, cached run by run.  Returns (runs, items) or None."""
+def glue_part(glue, smoke: bool = False, cache=memo, model_path=None,
+              glue_dir=None) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """The real-data part (MASS Sec. 4.4; notebook 04 section 6) for a :class:`moelab.mass.config.GlueProfile` (None:
+    not in this profile), every task, method and seed, cached run by run.  ``glue.source`` "standin": the suite's text
+    classification tasks on MiniLM (``smoke``: the smoke subset); "glue" (paper profile): the GLUE tasks of
+    ``glue_dir`` (:func:`moelab.mass.data.glue_task`) on the BERT at ``model_path``, each task with its own schedule
+    (:meth:`GlueProfile.task_config`: ``epochs`` over its training split, evaluated every epoch).  Returns (runs,
+    items) or None."""
     if glue is None:
         return None
-    tasks = textcls.tasks("smoke" if smoke else "full", None if glue.tasks is None else list(glue.tasks))
-    return run_glue_standin_cached(tasks, glue.methods, glue.seeds, GlueStandinConfig(**glue.standin_config()),
-                                   cache=cache)
+    if glue.source == "standin":
+        tasks = textcls.tasks("smoke" if smoke else "full", None if glue.tasks is None else list(glue.tasks))
+        return run_glue_standin_cached(tasks, glue.methods, glue.seeds, GlueStandinConfig(**glue.standin_config()),
+                                       cache=cache)
+    bert_large_path(model_path, glue.layer)
+    check_glue_dir(glue_dir, glue.tasks)
+    runs, items = [], []
+    for name in glue.tasks:
+        task = glue_task(glue_dir, name, glue.val_items, glue.max_train, glue.max_eval)
+        cfg = GlueStandinConfig(**glue.task_config(len(task["train"])))
+        r, it = run_glue_standin_cached({name: task}, glue.methods, glue.seeds, cfg, cache=cache,
+                                        model_path=model_path)
+        runs.append(r)
+        items.append(it)
+    return pd.concat(runs, ignore_index=True), pd.concat(items, ignore_index=True)
