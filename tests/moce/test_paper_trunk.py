@@ -123,3 +123,16 @@ def test_paper_elbow_claim_reads_the_encoder_the_run_clustered_with(tmp_path):
     ev = claims.elbow_e5(Tables(tmp_path))
     want = moce.clustering.find_knee(np.arange(1, 8), np.array(sse), method="chord")["k"]
     assert isinstance(ev, Precomputed) and ev.ours == want
+
+
+def test_profile_table_says_the_paper_seeds_and_their_cost():
+    from moelab.moce import config as mc
+
+    c = mc.config_for("paper")
+    n, hours = mc.training_gpu_hours(c)
+    assert n == 3 * 4   # 3 seeds x (dense, pesc, moce, moce_gen)
+    # naive: 6 FLOPs per parameter and token, 625 steps of 32 x 512 tokens, 12 runs, 40 % of 989 TFLOP/s
+    assert hours == pytest.approx(6 * 6.74e9 * 32 * 512 * 625 * 12 / (0.4 * 989e12) / 3600)
+    cell = mc.profile_table("paper").set_index("setting").loc["seeds", "paper (this run)"]
+    assert cell.startswith("3 (") and f"{n} trainings, ~{hours:.1f} H100-hours" in cell
+    assert mc.profile_table("paper").set_index("setting").loc["seeds", "default"] == "3"
