@@ -182,7 +182,8 @@ if C.paper_data:  # the cache knows which model and data produced its states (is
     ccfg.update(moce.data.paper_cache_identity(MODEL_PATH, DATA_PATHS), dry_run=DRY_RUN)
 layers, train_ex, val_ex = moce.cache_trunk(model, tok, items["train"], items["validation"], n_top=cfg["n_top"],
                                             max_len=cfg["max_len"], cache_config=ccfg)
-print(f"adapted blocks {layers}; cached {len(train_ex)} train / {len(val_ex)} validation sequences; "
+print(f"adapted blocks {layers}; cached {len(train_ex)} train / {len(val_ex)} validation sequences "
+      f"({moce.data.trunk_state_bytes(train_ex + val_ex) / 2**30:.2f} GiB of frozen-trunk states); "
       f"{sum(e['truncated'] for e in train_ex)} train prompts truncated to the {cfg['max_len']}-token context")
 
 # %% [markdown]
@@ -219,14 +220,20 @@ display(Markdown(moce.training_sentence(crit, K)))
 # byte, lower is better), each scored with its sequence's cluster set on the model (the clusterer sees the instruction
 # only). The seed is the unit of replication: items are averaged within each seed, and every claim compares per-seed
 # means with a t-interval over seeds and states its minimum detectable effect (§7). The suite's lm-eval tasks are
-# scored only where the scorecard finds one usable for SmolLM2 (`moce.lm_tasks_for`); the frozen lower blocks are
-# memoised across models, so each extra model costs only its top blocks.
+# scored only where the scorecard finds one usable for SmolLM2 (`moce.lm_tasks_for`); the paper profile scores every
+# multiple-choice task and computes the scorecard of the user's model in the run (`moce.in_run_scorecard`, the same
+# usability rule on the untrained model's items), whose usable tasks the accuracy claims read. The frozen lower
+# blocks are memoised across models, so each extra model costs only its top blocks.
 
 # %%
-lm_tasks, usable_note = moce.lm_tasks_for("smollm2-135m-instruct", cfg["lm_tasks_max"])
+lm_tasks, usable_note = moce.lm_tasks_for(model_name, cfg["lm_tasks_max"], in_run=C.paper_data)
 scores = moce.evaluate_runs(model, tok, [None] + results, items["test"], groups["test"], lm_tasks, cfg["lm_limit"],
                             groups["predictors"], layers, cache_config=ccfg)
 run.save_table(scores, "table1", "per-item-scores", caption="per-item scores of every model (bpb)")
+if C.paper_data:  # which tasks the user's model is usable on, from its own untrained items (issue 51)
+    card = moce.in_run_scorecard(scores, lm_tasks, MODEL_PATH)
+    run.save_table(card, "table1", "scorecard", caption="scorecard of this run's model: usable lm-eval tasks")
+    display(card[["task", "n", "acc", "chance", "position_acc", "blind_acc", "status", "reason"]])
 print(f"lm tasks: {lm_tasks or 'none'} ({usable_note})")
 
 # %%

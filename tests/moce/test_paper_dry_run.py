@@ -94,3 +94,26 @@ def test_cache_identity_changes_with_model_and_data(stand, tmp_path):
     data2.write_text("\n".join(rows[:-1] + [json.dumps({"instruction": "x", "response": "y"})]) + "\n")
     ident = md.paper_cache_identity(stand["MODEL_PATH"], {**stand["DATA_PATHS"], "magicoder": data2})
     assert ident["data_identity"] != base["data_identity"]
+
+
+@pytest.mark.slow
+def test_dry_run_end_to_end_on_the_standins(stand, tmp_path, monkeypatch):
+    """The runner's dry run of notebook 01 on the stand-ins reaches run.finish() through every paper-path cell: the
+    trunk holds no states (every block adapted), the user's model gets its own scorecard, every paper row says
+    `dry run`. ~50 s alone on the 2-core reference machine (CI also runs it through `make dry-run`)."""
+    from moelab import standins as shared
+    from moelab.runner import cli
+
+    monkeypatch.setattr(cli, "RUNS", tmp_path / "runs")
+    monkeypatch.setenv("MOELAB_SCRATCH", str(tmp_path / "scratch"))
+    argv = ["run", "--profile", "paper", "--dry-run", "--only", "01", "--no-progress", "--params",
+            shared.params_text(stand)]
+    assert cli.main(argv) == 0
+    out = tmp_path / "scratch" / "paper" / "01_moce"
+    card = (out / "table1_scorecard.csv").read_text()
+    assert card.startswith("model,task") and "moelab_bb_" in card
+    rows = json.loads((out / "claims.json").read_text())
+    rows = rows if isinstance(rows, list) else rows["claims"]
+    assert {r["verdict"] for r in rows} <= {"dry run", "extension"} and sum(r["verdict"] == "dry run" for r in rows) > 20
+    nb = (tmp_path / "runs" / "paper" / "01_moce.ipynb").read_text()
+    assert "(0.00 GiB of frozen-trunk states)" in nb and '"ename"' not in nb

@@ -17,8 +17,8 @@ from moelab.moce.clustering import (
 from moelab.moce.config import (
     config_for, profile_table)
 from moelab.moce.experiment import (
-    cache_trunk, cluster_groups, evaluate_runs, gemma_experiment, lm_tasks_for, load_backbone, load_instruction_mix,
-    moce_encoder, plan_runs, split_items, train_runs)
+    cache_trunk, cluster_groups, evaluate_runs, gemma_experiment, in_run_scorecard, lm_tasks_for, load_backbone,
+    load_instruction_mix, moce_encoder, plan_runs, split_items, train_runs)
 from moelab.moce.report import (
     aa_sentence, ablation_table, criterion_table, curves_table, dependence_table, domain_cluster_counts,
     domain_counts_sentence, domain_counts_table, fig5_sentence, k_sweep_labels, k_sweep_sentence, k_sweep_table,
@@ -42,7 +42,8 @@ __all__ = [
     "aa_sentence", "ablation_table", "cache_trunk", "cluster_groups", "clustering_study", "config_for",
     "criterion_table", "curves_table", "dependence_table", "domain_cluster_counts", "domain_counts_sentence",
     "domain_counts_table", "evaluate_runs", "fig5_distribution", "fig5_sentence", "gemma_experiment",
-    "k_sweep_labels", "k_sweep_sentence", "k_sweep_table", "knee_sentence", "lm_tasks_for", "load_backbone",
+    "in_run_scorecard", "k_sweep_labels", "k_sweep_sentence", "k_sweep_table", "knee_sentence", "lm_tasks_for",
+    "load_backbone",
     "load_instruction_mix", "moce_encoder", "plan_runs", "plot_cluster_distribution", "plot_curves", "plot_elbow",
     "plot_k_sweep", "plot_projection", "plot_table1", "pooled_sentence", "profile_table", "seed_means_table",
     "split_items", "summarize_scores", "train_runs", "training_sentence", "within_domain_sentence"]

@@ -52,6 +52,7 @@ CRITERION = "table1_training-criterion"
 FIG5 = "fig5_cluster-distribution"
 DOMAIN_COUNTS = "appC_domain-cluster-counts"  # saved by notebooks/01_moce.py (older folders lack it)
 KSWEEP = "fig4_k-sweep"
+SCORECARD = "table1_scorecard"  # the paper profile's scorecard of its own model (moce.in_run_scorecard)
 VANILLA = "vanilla"  # the untrained SmolLM2 (seed -1): the dense parent every adapter MoE here is built on
 DOMAINS = ("maths", "code", "reasoning")
 AA_ARM = "pesc_aa"   # PESC trained again on other seeds (notebooks/01_moce.py, cfg "extra": seed_offset)
@@ -208,11 +209,11 @@ def other_profile(T, runs_in: str = "full") -> str:
 
 
 def paired_seeds(T, a: str, b: str, *, stem: str = SCORES, metric: str = "bpb", task_prefix: str = "nll_",
-                 scale: float = 1.0, profile_note: str = "", runs_in: str = "full"):
-    """``Seeds`` evidence for ``a - b`` from the per-item table, paired over the seeds both variants share (pandas
-    Series joined on the seed); a variant the run did not train gives ``NotInProfile`` naming the profile that trains
-    it (``runs_in``)."""
-    s = T.csv(stem)
+                 scale: float = 1.0, profile_note: str = "", runs_in: str = "full", frame: pd.DataFrame | None = None):
+    """``Seeds`` evidence for ``a - b`` from the per-item table (``frame``: its rows already selected), paired over the
+    seeds both variants share (pandas Series joined on the seed); a variant the run did not train gives
+    ``NotInProfile`` naming the profile that trains it (``runs_in``)."""
+    s = T.csv(stem) if frame is None else frame
     missing = _missing(s, (a, b))
     if missing:
         return NotInProfile(other_profile(T, runs_in),
@@ -323,9 +324,13 @@ ELBOW_SSE = "appB_elbow-sse"
 def elbow_e5(T, encoder: str = "e5"):
     """App. B's elbow of ``encoder``'s SSE curve (``appB_elbow-sse.csv``), found by the max-chord rule (deterministic:
     the same detector whether or not kneed is installed). One curve: a degenerate interval (the elbow is read, not
-    resampled)."""
+    resampled). The paper profile names its encoder by the ENCODER_PATH folder (the paper's e5-large-v2): the curve of
+    the encoder MoCE clustered with is read there."""
     if not T.has(ELBOW_SSE):
         return Insufficient(f"{ELBOW_SSE}.csv not saved by this run")
+    if T.profile == "paper" and T.has(DOMAIN_COUNTS):
+        d = T.csv(DOMAIN_COUNTS)
+        encoder = str(d.loc[d["used_by_moce"].astype(bool), "encoder"].iloc[0])
     c = T.csv(ELBOW_SSE)
     c = c[c["encoder"] == encoder].sort_values("k")
     if len(c) < 3:
@@ -374,8 +379,21 @@ def n_experts_options(T):
 
 
 def accuracy_pair(T, a: str, b: str):
-    """lm-eval accuracy of ``a`` - ``b`` in points, when the run scored a usable multiple-choice task."""
+    """lm-eval accuracy of ``a`` - ``b`` in points, when the run scored a usable multiple-choice task. The paper
+    profile scores every multiple-choice task and saves its own model's scorecard (``table1_scorecard``,
+    ``moce.in_run_scorecard``): only the tasks usable there count."""
     s = T.csv(SCORES)
+    if T.has(SCORECARD):
+        sc = T.csv(SCORECARD)
+        usable = sorted(sc.loc[sc["usable"].astype(bool), "task"])
+        if not usable:
+            worst = "; ".join(f"{r.task} {r.acc:.3f} vs chance {r.chance:.3f} ({r.reason})"
+                              for r in sc.head(3).itertuples())
+            return OutsideRegime(f"this run's scorecard of its own model ({SCORECARD}.csv: the usability rule of "
+                                 f"docs/scorecard.md on the untrained model's items) finds none of its {len(sc)} "
+                                 f"multiple-choice tasks usable, e.g. {worst}")
+        s = s[(s["metric"] == "acc") & s["task"].isin(usable)]
+        return paired_seeds(T, a, b, metric="acc", task_prefix="", scale=100.0, frame=s)
     if not (s["metric"] == "acc").any():
         return OutsideRegime("docs/scorecard.md: SmolLM2 beats chance, the always-same-position and the question-blind "
                              "baselines on 0 of its 15 multiple-choice tasks (e.g. BIG-bench hyperbaton 0.500 vs "

@@ -16,7 +16,7 @@ import pandas as pd
 from moelab.profiles import check_profile
 
 __all__ = ["MoceConfig", "CONFIGS", "config_for", "profile_table", "AA_ARM", "ABLATIONS", "FIG5_TASKS",
-           "PAPER_SETTING", "DRY_RUN_SIZES", "paper_epoch_steps"]
+           "PAPER_SETTING", "DRY_RUN_SIZES", "paper_epoch_steps", "training_gpu_hours"]
 
 # A/A: PESC again, on seeds SEED+3 .. SEED+5 (its difference from ``pesc`` is seed noise only)
 AA_ARM = dict(label="pesc_aa", variant="pesc", seed_offset=3)
@@ -160,6 +160,21 @@ def paper_epoch_steps(c: MoceConfig) -> int:
     return -(-(c.n_train or c.n_cluster) // c.batch)
 
 
+# the cost estimate of a paper-scale run (no GPU measured here): Llama-2-7b's parameters, 6 FLOPs per parameter and
+# token (forward + backward, an upper bound with frozen weights), sequences of max_len tokens, an H100's dense bf16
+# peak at 40 % utilisation
+PAPER_PARAMS, H100_BF16_FLOPS, UTILISATION = 6.74e9, 989e12, 0.4
+
+
+def training_gpu_hours(c: MoceConfig, n_params: float = PAPER_PARAMS) -> tuple[int, float]:
+    """``(trainings, H100-hours)`` of the training runs of ``c`` for a model of ``n_params`` parameters: every seed x
+    (variants + extra runs), ``steps x max_rounds`` steps of ``batch x max_len`` tokens each, at 6 FLOPs per parameter
+    and token and :data:`UTILISATION` of :data:`H100_BF16_FLOPS` (an estimate from FLOPs, not a measurement)."""
+    trainings = len(c.seed_offsets) * (len(c.variants) + len(c.extra))
+    flops = 6 * n_params * c.batch * c.max_len * c.steps * c.max_rounds * trainings
+    return trainings, flops / (H100_BF16_FLOPS * UTILISATION) / 3600
+
+
 def profile_table(current: str | None = None) -> pd.DataFrame:
     """The paper's setting beside every profile's (notebook 01's introduction): one row per setting, one column per
     profile (``current`` marked "this run")."""
@@ -176,6 +191,10 @@ def profile_table(current: str | None = None) -> pd.DataFrame:
             experts=f"M x {c.experts_per_group}, adapter width {c.rank}, top-2",
             training=f"{train}; batch {c.batch}, lr {c.lr:g}",
             variants=", ".join(c.variants) + "".join(f", {e['label']}" for e in c.extra),
-            seeds=str(len(c.seed_offsets)), evaluation=f"held-out answer bits per byte, {c.n_test_per_domain} "
-                                                       "items per domain")
+            seeds=str(len(c.seed_offsets)) + (
+                " (the claims' t-interval over seeds needs 3): {} trainings, ~{:.1f} H100-hours for Llama-2-7b "
+                "(FLOPs estimate, docs/paper-scale.md)".format(*training_gpu_hours(c)) if c.paper_data else ""),
+            evaluation=f"held-out answer bits per byte, {c.n_test_per_domain} items per domain" + (
+                "; every multiple-choice lm-eval task, the usable ones chosen by the run's own scorecard"
+                if c.paper_data else ""))
     return pd.DataFrame(cols).fillna("-").rename_axis("setting").reset_index()

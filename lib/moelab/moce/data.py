@@ -17,6 +17,7 @@ import torch
 
 from moelab import cache
 from moelab.assets import MissingAsset, load_causal_lm
+from moelab.device import inference_placement
 from moelab.inputs import InputFormatError, read_records, require_hf_model, require_path
 from moelab.moce.method import BTX_DOMAINS
 from moelab.moce.trunk import lower_hidden_states
@@ -24,7 +25,7 @@ from moelab.profiles import paper_input_hint
 from moelab.suite.encoding import encode_pair, special_prefix_length
 
 __all__ = ["PROMPT_FORMAT", "MIN_ANSWER_TOKENS", "TOKENISATION", "prompt_text", "encode_item", "tokenize_example",
-           "collate", "build_cache", "subsample", "with_groups", "btx_domain_splits", "PAPER_SOURCES",
+           "example_inputs", "collate", "build_cache", "trunk_state_bytes", "subsample", "with_groups", "btx_domain_splits", "PAPER_SOURCES",
            "load_paper_mix", "load_paper_model", "paper_encoder_path", "check_paper_inputs"]
 
 PROMPT_FORMAT = "{instruction}\nAnswer:"
@@ -68,17 +69,31 @@ def tokenize_example(tok, item: dict, max_len: int) -> dict:
     return {"input_ids": ids, "labels": labels, "truncated": truncated}
 
 
+def example_inputs(example: dict) -> torch.Tensor:
+    """The input of the first adapted block for one cached example, ``[S, d]`` fp32 on the CPU: its stored trunk
+    output ``h``, or, for an example of :func:`build_cache` with ``start=0`` (every block adapted: the paper profile),
+    its token embeddings looked up now from the model's frozen embedding module (``embed``; exactly what block 0
+    receives: Llama's lookup, Gemma-3's scaled lookup), so no ``n x S x d`` copy is ever stored."""
+    if example.get("h") is not None:
+        return example["h"]
+    emb = example["embed"]
+    with torch.no_grad():
+        return emb(example["input_ids"].to(emb.weight.device)).float().cpu()
+
+
 def collate(examples: list[dict]) -> dict:
-    """Right-pad cached examples: ``h [B,S,d]``, ``labels [B,S]`` (-100 pad), ``mask [B,S]``, ``group_ids [B]``."""
+    """Right-pad cached examples: ``h [B,S,d]`` (:func:`example_inputs`), ``labels [B,S]`` (-100 pad), ``mask [B,S]``,
+    ``group_ids [B]``."""
     B = len(examples)
-    S = max(e["h"].shape[0] for e in examples)
-    d = examples[0]["h"].shape[1]
+    hs = [example_inputs(e) for e in examples]
+    S = max(x.shape[0] for x in hs)
+    d = hs[0].shape[1]
     h = torch.zeros(B, S, d)
     labels = torch.full((B, S), -100, dtype=torch.long)
     mask = torch.zeros(B, S)
-    for i, e in enumerate(examples):
-        n = e["h"].shape[0]
-        h[i, :n], labels[i, :n], mask[i, :n] = e["h"], e["labels"], 1
+    for i, (e, x) in enumerate(zip(examples, hs)):
+        n = x.shape[0]
+        h[i, :n], labels[i, :n], mask[i, :n] = x, e["labels"], 1
     return {"h": h, "labels": labels, "mask": mask,
             "group_ids": torch.tensor([int(e.get("group", 0)) for e in examples]),
             "idx": torch.tensor([int(e.get("idx", -1)) for e in examples])}
@@ -88,7 +103,10 @@ def build_cache(model, tok, items: list[dict], groups, start: int, max_len: int,
     """Tokenised examples with the frozen lower blocks' output ``h [S,d]`` and the sequence's cluster ``group``.
 
     With ``cache_config`` (JSON-able, naming the model and data) the hidden states are stored with
-    ``moelab.cache.memo`` and reused by every variant and later runs.
+    ``moelab.cache.memo`` and reused by every variant and later runs. With ``start=0`` (every block adapted, the paper
+    profile) no block is frozen below the adapters: the examples keep their token ids and the model's embedding module
+    (``h`` None, ``embed``), and :func:`example_inputs` looks the embeddings up per batch, so the trunk cache holds
+    nothing (a stored copy would be n x S x d x 4 bytes: ~170 GB for 20,000 Llama-2-7b sequences of 512 tokens).
     """
     if len(items) == 0:
         raise ValueError("build_cache got no items")
@@ -96,6 +114,11 @@ def build_cache(model, tok, items: list[dict], groups, start: int, max_len: int,
     if len(groups) != len(items):
         raise ValueError(f"{len(groups)} group ids for {len(items)} items")
     toks = [tokenize_example(tok, it, max_len) for it in items]
+    if start == 0:
+        emb = model.get_input_embeddings()
+        return [{"h": None, "embed": emb, "labels": t["labels"], "input_ids": t["input_ids"], "group": int(g), "idx": i,
+                 "truncated": t["truncated"], "domain": it.get("domain"), "task": it.get("task")}
+                for i, (t, g, it) in enumerate(zip(toks, groups, items))]
 
     def compute():
         return lower_hidden_states(model, [t["input_ids"] for t in toks], start)
@@ -109,6 +132,12 @@ def build_cache(model, tok, items: list[dict], groups, start: int, max_len: int,
     return [{"h": h, "labels": t["labels"], "input_ids": t["input_ids"], "group": int(g), "idx": i,
              "truncated": t["truncated"], "domain": it.get("domain"), "task": it.get("task")}
             for i, (h, t, g, it) in enumerate(zip(hs, toks, groups, items))]
+
+
+def trunk_state_bytes(examples: list[dict]) -> int:
+    """Bytes of frozen-trunk states the examples of :func:`build_cache` hold (the size of their cache entry): 0 with
+    every block adapted (``start=0``, the paper profile), else Σ S_i x d x 4 (fp32)."""
+    return sum(e["h"].numel() * e["h"].element_size() for e in examples if e.get("h") is not None)
 
 
 def subsample(items: list[dict], n: int | None, seed: int = 0, by: str | None = None) -> list[dict]:
@@ -228,13 +257,15 @@ def load_paper_mix(paths: dict, n_per_source: int | None = None, val_frac: float
     return {"train": recs[n_val:], "validation": recs[:n_val]}
 
 
-def load_paper_model(path):
+def load_paper_model(path, device: str = "auto"):
     """The paper profile's backbone (Llama-2-7b-chat, App. A) from a local folder -> ``(model, tokenizer)``;
-    missing -> ``MissingAsset``."""
+    missing -> ``MissingAsset``. Placed on ``moelab.device.inference_placement(device)``'s device (CUDA when present,
+    else the CPU) in fp32: the adapters train in fp32 under ``moelab.train``'s bf16 autocast on CUDA, and fp32 frozen
+    weights let the trained model be scored without autocast (7B: 28 GB of GPU memory)."""
     if path is None or not Path(path).is_dir():
         raise MissingAsset("llama-2-7b-chat", f"no local model folder at {path!r}",
                            paper_input_hint("01", "MODEL_PATH", "a local folder of meta-llama/Llama-2-7b-chat-hf"))
-    return load_causal_lm(path)
+    return load_causal_lm(path, dtype=torch.float32, device=inference_placement(device).device)
 
 
 def paper_encoder_path(path):

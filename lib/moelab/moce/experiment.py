@@ -26,7 +26,7 @@ from moelab import assets, cache, progress
 from moelab import train as mtrain
 from moelab.moce.clustering import (ClusterModel, cluster_predictor, context_instruction, elbow_curve, embed_texts,
                                     find_knee, fit_clusters, instruction_texts)
-from moelab.moce.data import (btx_domain_splits, build_cache, collate, load_paper_mix, load_paper_model,
+from moelab.moce.data import (btx_domain_splits, build_cache, collate, example_inputs, load_paper_mix, load_paper_model,
                               paper_encoder_path, prompt_text, subsample, with_groups)
 from moelab.moce.method import (BTX_DOMAINS, MoCESpec, aux_loss, btx_branch_spec, btx_merge_states, group_context,
                                 install, moce_layers, set_group_ids, top_layer_ids, trainable_state, uninstall,
@@ -37,7 +37,7 @@ from moelab.suite import instruct, lmeval, scorecard, scorer
 
 __all__ = ["make_loss_fn", "per_item_nll", "validation_trend", "validation_flattened", "EarlyStopping",
            "STOP_REASONS", "FLAT_MIN_EVALS", "VariantResult", "train_variant", "load_variant", "train_btx",
-           "plan_runs", "run_identity", "train_runs", "RequestHook", "make_request_hook", "lm_tasks_for",
+           "plan_runs", "run_identity", "train_runs", "RequestHook", "make_request_hook", "lm_tasks_for", "in_run_scorecard",
            "evaluate_runs", "RUN_DEFAULTS", "run_from_config", "load_instruction_mix", "split_items", "moce_encoder",
            "load_backbone", "cache_trunk", "cluster_groups", "gemma_experiment"]
 
@@ -71,7 +71,7 @@ def per_item_nll(stack: TopStack, examples: list[dict], batch_size: int = 16) ->
         keep = (lab != -100).nonzero().view(-1)
         if len(keep) == 0 or int(keep[0]) == 0 or len(keep) != len(lab) - int(keep[0]):
             raise ValueError(f"example {i}: labels must be -100 on a non-empty prompt followed by the answer tokens")
-        reqs.append((e["h"], lab[int(keep[0]):].tolist()))
+        reqs.append((example_inputs(e), lab[int(keep[0]):].tolist()))
     groups = [int(e.get("group", 0)) for e in examples]
     res = scorer.loglikelihood_embeddings(
         stack, reqs, batch_size=batch_size,
@@ -460,11 +460,18 @@ def make_request_hook(model, cluster_of: Callable[[str], int]) -> RequestHook:
 LM_TASKS_FALLBACK = ("moelab_math_mc", "moelab_bb_hyperbaton", "moelab_bb_navigate")
 
 
-def lm_tasks_for(model_name: str, n: int | None, fallback: Sequence[str] = LM_TASKS_FALLBACK) -> tuple[list[str], str]:
+def lm_tasks_for(model_name: str, n: int | None, fallback: Sequence[str] = LM_TASKS_FALLBACK,
+                 in_run: bool = False) -> tuple[list[str], str]:
     """The suite's lm-eval tasks on which ``model_name`` is above chance (``suite.scorecard.usable_tasks``), without
     the answer-likelihood tasks (scored separately) and the generation tasks (GSM, HumanEval), the first ``n``;
     ``fallback`` when the committed scorecard is absent (never built here: hours of CPU) or lacks the model.
-    Returns ``(tasks, note)``, the note saying which source was used."""
+    ``in_run`` (the paper profile: a user's model, which the committed scorecard cannot know): every multiple-choice
+    task, the first ``n``, all scored, the usable ones then chosen by :func:`in_run_scorecard` on the untrained
+    model's items. Returns ``(tasks, note)``, the note saying which source was used."""
+    if in_run:
+        mc = [t for t in lmeval.TASKS if lmeval.PRIMARY_METRIC[t] == "acc"][:n]
+        return mc, (f"every multiple-choice task (first {n}): the usable ones are chosen by this run's scorecard of "
+                    f"{model_name} (moce.in_run_scorecard)")
     try:
         if not scorecard.CSV.exists():
             raise FileNotFoundError(scorecard.CSV)
@@ -473,6 +480,20 @@ def lm_tasks_for(model_name: str, n: int | None, fallback: Sequence[str] = LM_TA
     except (ValueError, FileNotFoundError) as e:
         usable, note = list(fallback), f"fixed list (scorecard unavailable for {model_name}: {type(e).__name__})"
     return [t for t in usable if t not in ("moelab_gsm", "moelab_humaneval")][:n], note
+
+
+def in_run_scorecard(scores: pd.DataFrame, lm_tasks: Sequence[str], model_name: str) -> pd.DataFrame:
+    """The scorecard of the run's own model (issue 51: the committed one knows only SmolLM2 and Gemma-3): the
+    usability rule of ``moelab.suite.scorecard`` (beats chance, the best always-same-position and the best
+    question-blind baselines, one-sided paired tests at 5 % on the items) applied to the untrained model's
+    (``vanilla``) per-item accuracies of ``lm_tasks`` in ``scores`` (:func:`evaluate_runs`). One row per task with
+    ``usable``, ``status`` and ``reason``; the claims read accuracy only on its usable tasks."""
+    v = scores[(scores["variant"] == "vanilla") & (scores["metric"] == "acc") & scores["task"].isin(list(lm_tasks))]
+    if v.empty:
+        raise ValueError(f"no untrained-model accuracy rows for {list(lm_tasks)} in the scores: score the vanilla model "
+                         "(None first in evaluate_runs' results) on the lm tasks")
+    items = scorecard.with_option_order(v[["task", "item_id", "metric", "score"]].reset_index(drop=True))
+    return scorecard.summarize(items, model_name)
 
 
 def _digest(obj) -> str:

@@ -270,7 +270,9 @@ def install(model, spec: MoCESpec, layers: Sequence[int], seed: int = 0) -> list
     out = []
     for i in layers:
         dense = blocks[i].mlp.dense if isinstance(blocks[i].mlp, MoCEFFN) else blocks[i].mlp
-        blocks[i].mlp = MoCEFFN(dense, d, spec)
+        # on the frozen FFN's device: a model already on the GPU (trained, or placed by moelab.device) gets its
+        # adapters there too (they were left on the CPU, so scoring after training failed on a device mismatch)
+        blocks[i].mlp = MoCEFFN(dense, d, spec).to(next(dense.parameters()).device)
         out.append(blocks[i].mlp)
     return out
 
