@@ -1,6 +1,7 @@
 """Notebook 04's paper profile (issue 51): dry-run config, early input errors, cache identity of user paths."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -215,3 +216,13 @@ def test_dry_run_of_notebook_04_end_to_end(tmp_path):
     rows = rows["claims"] if isinstance(rows, dict) else rows
     assert rows and all(r["verdict"] in ("dry run", "extension") for r in rows)
     assert json.loads((out / "provenance.json").read_text())["dry_run"] is True
+
+
+def test_glue_cost_estimate_counts_every_run():
+    """The profile table's GPU-hour estimate: 6 N FLOPs per token over every (task, epoch, method, seed) sequence."""
+    g = mc.PAPER_GLUE
+    tokens = sum(mc.GLUE_TRAIN_ITEMS.values()) * 10 * 4 * 3 * 128
+    assert mc.glue_gpu_hours(g) == pytest.approx(6 * 335e6 * tokens / 120e12 / 3600)
+    no_dense = dataclasses.replace(g, methods=("cosine", "dynmoe", "mass"))
+    assert mc.glue_gpu_hours(no_dense) == pytest.approx(0.75 * mc.glue_gpu_hours(g))
+    assert "GPU-h" in mc.profile_table("paper").loc["paper (this run)", "glue"]

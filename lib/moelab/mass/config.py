@@ -15,7 +15,7 @@ from moelab.mass.method import MassConfig
 from moelab.profiles import dry_run_table as dry_run_table_of
 
 __all__ = ["MassProfile", "GlueProfile", "PROFILES", "PAPER_GLUE", "profile", "profile_table", "synth",
-           "dry_run_profile", "dry_run_table"]
+           "dry_run_profile", "dry_run_table", "glue_gpu_hours"]
 
 
 @dataclass(frozen=True)
@@ -218,13 +218,30 @@ def dry_run_table() -> pd.DataFrame:
     return dry_run_table_of(_settings(PROFILES["paper"]), _settings(dry_run_profile()), keep=keep)
 
 
+# Training items of the official GLUE train files (GLUE's download script; MASS Sec. 4.4's five tasks), the size of
+# bert-large, and the throughput assumed for the paper profile's cost estimate (no GPU was measured): 40% of an H100's
+# ~300 TFLOP/s dense bf16.
+GLUE_TRAIN_ITEMS = dict(cola=8551, qnli=104743, rte=2490, mnli=392702, mrpc=3668)
+BERT_LARGE_PARAMS = 335e6
+ASSUMED_GPU_FLOPS = 120e12
+
+
+def glue_gpu_hours(g: GlueProfile) -> float:
+    """Estimated GPU-hours of a GLUE arm on bert-large (an upper bound: every sequence at ``max_length`` tokens):
+    6 N FLOPs per token (forward + backward, N = 335M) x tokens of ``epochs`` passes over each task's train split x
+    methods x seeds, at :data:`ASSUMED_GPU_FLOPS`.  The MoE layer (< 10%) and evaluation (a few %) are left out."""
+    items = sum(GLUE_TRAIN_ITEMS[t] for t in g.tasks) * g.epochs * len(g.methods) * len(g.seeds)
+    return 6 * BERT_LARGE_PARAMS * items * g.max_length / ASSUMED_GPU_FLOPS / 3600
+
+
 def _glue_text(g: GlueProfile | None) -> str:
     if g is None:
         return "no"
     if g.source == "standin":
         return f"stand-in (MiniLM, BIG-bench text tasks), {len(g.seeds)} seeds"
     return (f"MODEL_PATH on GLUE_DIR: {len(g.tasks)} tasks x {', '.join(g.methods)} x {len(g.seeds)} seeds, "
-            f"{g.epochs} epochs")
+            f"{g.epochs} epochs; bert-large ~{glue_gpu_hours(g):.0f} GPU-h (estimate, {ASSUMED_GPU_FLOPS / 1e12:.0f} "
+            f"TFLOP/s)")
 
 
 def profile_table(current: str | None = None) -> pd.DataFrame:
