@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, replace
 import pandas as pd
 
 from moelab.mass.data import check_paper_inputs
-from moelab.mass.experiment import SynthSetup, mass_config
+from moelab.mass.experiment import GlueStandinConfig, SynthSetup, mass_config
 from moelab.mass.method import MassConfig
 from moelab.profiles import dry_run_table as dry_run_table_of
 
@@ -28,8 +28,8 @@ class GlueProfile:
     (``GLUE_DIR``), the public scripts' schedule: ``epochs`` passes over each task's training split in batches of
     ``batch_size`` (so ``steps`` = ceil(epochs n_train / batch_size) per task) with an evaluation every epoch; early
     selection on ``val_items`` items held out of train (at most 10%), the dev file reported; ``max_train`` /
-    ``max_eval`` cut the splits (the dry run only).  The other fields are :class:`moelab.mass.GlueStandinConfig`'s;
-    their defaults here are its own, so the stand-in profiles pass the values they always had."""
+    ``max_eval`` cut the splits (the dry run only).  The other fields are :class:`moelab.mass.GlueStandinConfig`'s,
+    with its defaults."""
     tasks: tuple | None = None
     methods: tuple = ("cosine", "dynmoe", "mass")
     seeds: tuple = (0, 1, 2)
@@ -43,18 +43,19 @@ class GlueProfile:
     val_items: int = 1000
     max_train: int | None = None
     max_eval: int | None = None
-    lr: float = 5e-5
-    lr_new: float = 1e-3
-    warmup_frac: float = 0.1
-    layer: int = -1
-    cosine_experts: int = 4
-    cosine_top_k: int = 2
-    init_experts: int = 4
-    max_experts: int = 9
-    cpd_warmup_frac: float = 0.005
-    cpd_window_frac: float = 0.01
-    cpd_min_warmup: int = 3
-    cpd_min_window: int = 6
+    # the trainer's own settings, defaults taken from GlueStandinConfig (one place says what the stand-in uses)
+    lr: float = GlueStandinConfig.lr
+    lr_new: float = GlueStandinConfig.lr_new
+    warmup_frac: float = GlueStandinConfig.warmup_frac
+    layer: int = GlueStandinConfig.layer
+    cosine_experts: int = GlueStandinConfig.cosine_experts
+    cosine_top_k: int = GlueStandinConfig.cosine_top_k
+    init_experts: int = GlueStandinConfig.init_experts
+    max_experts: int = GlueStandinConfig.max_experts
+    cpd_warmup_frac: float = GlueStandinConfig.cpd_warmup_frac
+    cpd_window_frac: float = GlueStandinConfig.cpd_window_frac
+    cpd_min_warmup: int = GlueStandinConfig.cpd_min_warmup
+    cpd_min_window: int = GlueStandinConfig.cpd_min_window
 
     def __post_init__(self):
         if self.source not in ("standin", "glue"):
