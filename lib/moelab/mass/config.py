@@ -173,13 +173,13 @@ PROFILES = {
 
 # What a dry run of the paper profile cuts (issue 51): sizes only -- steps, batch, test draw, the naive grid, seeds,
 # MASS start sizes, the top-k sweep; on GLUE the epochs, items per split, seeds, batch and length. Every method, task,
-# model shape and switch of the paper profile is kept, the change-point windows too: at 20 synthetic / 16 GLUE steps
+# model shape and switch of the paper profile is kept, the change-point windows too: at 20 synthetic / 8 GLUE steps
 # the expansion phase (10%) is shorter than the public window, so MASS records its gradient norms but its test never
 # runs in a dry run (the test, the duplication and the stopping rule are exercised by tests/mass and the CPU profiles).
 DRY_RUN_SYNTH = dict(steps=20, batch_size=16, n_test=64)
 DRY_RUN_RUNS = dict(counts=(1, 2, 4), ks=(1, 2), seeds=(0, 1), mass_seeds=(0, 1), starts=(2, 4), sweep_ks=(1, 2),
                     sweep_seeds=(0,))
-DRY_RUN_GLUE = dict(seeds=(0,), epochs=4, batch_size=8, max_length=64, max_train=32, max_eval=16)
+DRY_RUN_GLUE = dict(seeds=(0,), epochs=2, batch_size=8, max_length=64, max_train=32, max_eval=16)
 
 
 def dry_run_profile() -> MassProfile:
