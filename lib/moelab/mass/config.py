@@ -10,12 +10,12 @@ from dataclasses import asdict, dataclass, replace
 import pandas as pd
 
 from moelab.mass.data import check_paper_inputs
-from moelab.mass.experiment import SynthSetup, mass_config
+from moelab.mass.experiment import GlueStandinConfig, SynthSetup, mass_config
 from moelab.mass.method import MassConfig
 from moelab.profiles import dry_run_table as dry_run_table_of
 
 __all__ = ["MassProfile", "GlueProfile", "PROFILES", "PAPER_GLUE", "profile", "profile_table", "synth",
-           "dry_run_profile", "dry_run_table"]
+           "dry_run_profile", "dry_run_table", "glue_gpu_hours"]
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,8 @@ class GlueProfile:
     (``GLUE_DIR``), the public scripts' schedule: ``epochs`` passes over each task's training split in batches of
     ``batch_size`` (so ``steps`` = ceil(epochs n_train / batch_size) per task) with an evaluation every epoch; early
     selection on ``val_items`` items held out of train (at most 10%), the dev file reported; ``max_train`` /
-    ``max_eval`` cut the splits (the dry run only).  The other fields are :class:`moelab.mass.GlueStandinConfig`'s;
-    their defaults here are its own, so the stand-in profiles pass the values they always had."""
+    ``max_eval`` cut the splits (the dry run only).  The other fields are :class:`moelab.mass.GlueStandinConfig`'s,
+    with its defaults."""
     tasks: tuple | None = None
     methods: tuple = ("cosine", "dynmoe", "mass")
     seeds: tuple = (0, 1, 2)
@@ -43,18 +43,19 @@ class GlueProfile:
     val_items: int = 1000
     max_train: int | None = None
     max_eval: int | None = None
-    lr: float = 5e-5
-    lr_new: float = 1e-3
-    warmup_frac: float = 0.1
-    layer: int = -1
-    cosine_experts: int = 4
-    cosine_top_k: int = 2
-    init_experts: int = 4
-    max_experts: int = 9
-    cpd_warmup_frac: float = 0.005
-    cpd_window_frac: float = 0.01
-    cpd_min_warmup: int = 3
-    cpd_min_window: int = 6
+    # the trainer's own settings, defaults taken from GlueStandinConfig (one place says what the stand-in uses)
+    lr: float = GlueStandinConfig.lr
+    lr_new: float = GlueStandinConfig.lr_new
+    warmup_frac: float = GlueStandinConfig.warmup_frac
+    layer: int = GlueStandinConfig.layer
+    cosine_experts: int = GlueStandinConfig.cosine_experts
+    cosine_top_k: int = GlueStandinConfig.cosine_top_k
+    init_experts: int = GlueStandinConfig.init_experts
+    max_experts: int = GlueStandinConfig.max_experts
+    cpd_warmup_frac: float = GlueStandinConfig.cpd_warmup_frac
+    cpd_window_frac: float = GlueStandinConfig.cpd_window_frac
+    cpd_min_warmup: int = GlueStandinConfig.cpd_min_warmup
+    cpd_min_window: int = GlueStandinConfig.cpd_min_window
 
     def __post_init__(self):
         if self.source not in ("standin", "glue"):
@@ -171,14 +172,14 @@ PROFILES = {
 }
 
 # What a dry run of the paper profile cuts (issue 51): sizes only -- steps, batch, test draw, the naive grid, seeds,
-# MASS start sizes, the top-k sweep; on GLUE the items per split, seeds, batch, length and the change-point minima
-# (the public max(30, .05T) / max(60, .09T) would test nothing in a 60-step run, so the dry run would not reach the
-# test: minima 2 / 4 let it fire). Every method, task, model shape and switch of the paper profile is kept.
+# MASS start sizes, the top-k sweep; on GLUE the epochs, items per split, seeds, batch and length. Every method, task,
+# model shape and switch of the paper profile is kept, the change-point windows too: at 20 synthetic / 8 GLUE steps
+# the expansion phase (10%) is shorter than the public window, so MASS records its gradient norms but its test never
+# runs in a dry run (the test, the duplication and the stopping rule are exercised by tests/mass and the CPU profiles).
 DRY_RUN_SYNTH = dict(steps=20, batch_size=16, n_test=64)
 DRY_RUN_RUNS = dict(counts=(1, 2, 4), ks=(1, 2), seeds=(0, 1), mass_seeds=(0, 1), starts=(2, 4), sweep_ks=(1, 2),
                     sweep_seeds=(0,))
-DRY_RUN_GLUE = dict(seeds=(0,), epochs=4, batch_size=8, max_length=64, max_train=32, max_eval=16, cpd_min_warmup=2,
-                    cpd_min_window=4)
+DRY_RUN_GLUE = dict(seeds=(0,), epochs=2, batch_size=8, max_length=64, max_train=32, max_eval=16)
 
 
 def dry_run_profile() -> MassProfile:
@@ -218,13 +219,30 @@ def dry_run_table() -> pd.DataFrame:
     return dry_run_table_of(_settings(PROFILES["paper"]), _settings(dry_run_profile()), keep=keep)
 
 
+# Training items of the official GLUE train files (GLUE's download script; MASS Sec. 4.4's five tasks), the size of
+# bert-large, and the throughput assumed for the paper profile's cost estimate (no GPU was measured): 40% of an H100's
+# ~300 TFLOP/s dense bf16.
+GLUE_TRAIN_ITEMS = dict(cola=8551, qnli=104743, rte=2490, mnli=392702, mrpc=3668)
+BERT_LARGE_PARAMS = 335e6
+ASSUMED_GPU_FLOPS = 120e12
+
+
+def glue_gpu_hours(g: GlueProfile) -> float:
+    """Estimated GPU-hours of a GLUE arm on bert-large (an upper bound: every sequence at ``max_length`` tokens):
+    6 N FLOPs per token (forward + backward, N = 335M) x tokens of ``epochs`` passes over each task's train split x
+    methods x seeds, at :data:`ASSUMED_GPU_FLOPS`.  The MoE layer (< 10%) and evaluation (a few %) are left out."""
+    items = sum(GLUE_TRAIN_ITEMS[t] for t in g.tasks) * g.epochs * len(g.methods) * len(g.seeds)
+    return 6 * BERT_LARGE_PARAMS * items * g.max_length / ASSUMED_GPU_FLOPS / 3600
+
+
 def _glue_text(g: GlueProfile | None) -> str:
     if g is None:
         return "no"
     if g.source == "standin":
         return f"stand-in (MiniLM, BIG-bench text tasks), {len(g.seeds)} seeds"
     return (f"MODEL_PATH on GLUE_DIR: {len(g.tasks)} tasks x {', '.join(g.methods)} x {len(g.seeds)} seeds, "
-            f"{g.epochs} epochs")
+            f"{g.epochs} epochs; bert-large ~{glue_gpu_hours(g):.0f} GPU-h (estimate, {ASSUMED_GPU_FLOPS / 1e12:.0f} "
+            f"TFLOP/s)")
 
 
 def profile_table(current: str | None = None) -> pd.DataFrame:

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer, BertModel
+from transformers.utils import logging as hf_logging
 
 from moelab import assets, progress
 from moelab import train as mtrain
@@ -822,7 +823,15 @@ def _build_glue_model(n_labels: int, method: str, cfg: GlueStandinConfig, seed: 
         st = assets.load_minilm()
         bert, tok = st[0].auto_model, st.tokenizer
     else:
-        bert, tok = BertModel.from_pretrained(str(model_path)), AutoTokenizer.from_pretrained(str(model_path))
+        verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+        hf_logging.set_verbosity_error()          # a pretraining checkpoint's cls.* heads are unused here, by design
+        hf_logging.disable_progress_bar()         # one load per run: no report or bar each time
+        try:
+            bert, tok = BertModel.from_pretrained(str(model_path)), AutoTokenizer.from_pretrained(str(model_path))
+        finally:
+            hf_logging.set_verbosity(verbosity)
+            if bar:
+                hf_logging.enable_progress_bar()
         seed_everything(seed)                     # the head and the routers are drawn the same whatever the loader drew
     bert.train()
     if method == "dense":
