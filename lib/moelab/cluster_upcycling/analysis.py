@@ -133,32 +133,48 @@ class HeldoutEntropy:
     notebook 03). Use as the trainer's ``after_step`` hook (``hook(step, model)``); call ``hook(0, model)`` before
     training for the initial point. At each step in ``steps`` it evaluates (eval mode, no gradients, no random
     numbers drawn, training mode restored) and appends one row per MoE layer to ``rows``:
-    ``dict(step, moe_layer, routing_entropy)``. Other steps cost nothing."""
+    ``dict(step, moe_layer, routing_entropy)``. Other steps cost nothing.
 
-    def __init__(self, batches, steps, forward=None):
+    The held-out forward pass of a step in ``keep`` is kept in ``layer_inputs[step]`` (:func:`heldout_layer_inputs`'s
+    list), so :func:`moe_analyses` of the same model at that step reuses it instead of running it again;
+    :meth:`record` adds a step from such a list computed elsewhere (the analyses at initialisation)."""
+
+    def __init__(self, batches, steps, forward=None, keep=()):
         self.batches, self.forward = list(batches), forward
         self.steps = sorted({int(s) for s in steps})
         if not self.batches or not self.steps or self.steps[0] < 0:
             raise ValueError(f"HeldoutEntropy needs held-out batches and steps >= 0, got {len(self.batches)} "
                              f"batches and steps {self.steps}")
         self.rows: list[dict] = []
+        self.keep = {int(s) for s in keep}
+        self.layer_inputs: dict[int, list] = {}
 
     def __call__(self, step: int, model) -> None:
         if step not in self.steps:
             return
-        for li, h in enumerate(heldout_entropy(model, self.batches, self.forward)):
-            self.rows.append({"step": int(step), "moe_layer": li, "routing_entropy": h})
+        self.record(step, heldout_layer_inputs(model, self.batches, self.forward))
+
+    def record(self, step: int, layer_inputs) -> None:
+        """Append ``step``'s rows from :func:`heldout_layer_inputs` of the model at that step on these batches."""
+        if step not in self.steps:
+            raise ValueError(f"step {step} is not one of the trajectory's steps {self.steps}")
+        if step in self.keep:
+            self.layer_inputs[int(step)] = layer_inputs
+        for li, (_, z) in enumerate(layer_inputs):
+            self.rows.append({"step": int(step), "moe_layer": li, "routing_entropy": routing_entropy(z)})
 
 
-def moe_analyses(model, batches, max_len: int = 32, forward=None) -> dict:
+def moe_analyses(model, batches, max_len: int = 32, forward=None, layer_inputs=None) -> dict:
     """The poster's analysis panels on the fixed held-out ``batches``, per MoE layer (notebook 03; a list of
     sentences is tokenised by :func:`moelab.cluster_upcycling.data.heldout_batches` with ``max_len``): relative
     compactness (panel 1), expert parameter similarity and expert-output similarity on the held-out layer inputs
     (panel 2), routing entropy (3), expert utilisation (4), and the held-out tokens' top-1 expert (``top1``, for
-    :func:`router_agreement`). Padding tokens excluded. ``{}`` for a model without MoE layers."""
+    :func:`router_agreement`). Padding tokens excluded. ``{}`` for a model without MoE layers. ``layer_inputs``:
+    :func:`heldout_layer_inputs` of this model on these batches when already run (e.g. by :class:`HeldoutEntropy`
+    at the same step), so the held-out forward pass is not run twice."""
     if len(batches) and isinstance(batches[0], str):
         batches = heldout_batches(model, list(batches), max_len)
-    per_layer = heldout_layer_inputs(model, batches, forward)
+    per_layer = heldout_layer_inputs(model, batches, forward) if layer_inputs is None else layer_inputs
     if not per_layer:
         return {}
     layers = moe_layers(model)

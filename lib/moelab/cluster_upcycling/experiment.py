@@ -39,7 +39,7 @@ from moelab.seed import seed_everything
 from moelab.suite import embed, images
 from moelab.train import TrainConfig, train
 
-from .analysis import HeldoutEntropy, moe_analyses, router_agreement, routing_entropy
+from .analysis import HeldoutEntropy, heldout_layer_inputs, moe_analyses, router_agreement, routing_entropy
 from .data import (PairBatches, cached_calibration, calibration_special_mask, heldout_batches,
                    image_loader, images_key, to_pixels, vision_data, vit_special_mask)
 from .method import DEFAULT_SPECIAL_TOKENS, EESD, SPECIAL_TOKENS, SpecialTokenClusterInit
@@ -226,13 +226,17 @@ def run_text_condition(st_dense, method: str, seed: int, train_pairs, test_pairs
                             special_tokens=special_tokens)
     heldout = heldout_batches(model, list(probe_texts), max_len)  # the fixed held-out token set
     res = {"method": method, "seed": seed, "init_log": ci.log if ci else None, "special_tokens": special_tokens}
-    res["analysis_init"] = moe_analyses(model, heldout)
+    # one held-out forward pass at initialisation serves the analyses and the trajectory's step 0; the trajectory
+    # keeps its last step's pass for the analyses at the end (the model does not change after the last step)
+    at_init = heldout_layer_inputs(model, heldout)
+    res["analysis_init"] = moe_analyses(model, heldout, layer_inputs=at_init)
     if r1_at_init and method != "dense":
         res["r1_init"] = retrieval_r1(model, test_pairs, max_len)  # the initialised model, before any step
-    trajectory = HeldoutEntropy(heldout, trajectory_steps(steps, entropy_points)) if METHODS[method][0] else None
+    trajectory = (HeldoutEntropy(heldout, trajectory_steps(steps, entropy_points), keep=[steps])
+                  if METHODS[method][0] else None)
     hist = None
     if trajectory is not None:
-        trajectory(0, model)  # initialisation
+        trajectory.record(0, at_init)  # initialisation
     if method != "dense":
         params = trainable_ffn_params(model)
         eesd = EESD(model, decay=eesd_decay, weight=eesd_weight) if METHODS[method][2] else None
@@ -256,7 +260,8 @@ def run_text_condition(st_dense, method: str, seed: int, train_pairs, test_pairs
             eesd.remove()
     res["history"] = hist
     res["entropy_heldout"] = trajectory.rows if trajectory is not None else []
-    res["analysis"] = moe_analyses(model, heldout)
+    res["analysis"] = moe_analyses(model, heldout,
+                                   layer_inputs=trajectory.layer_inputs.get(steps) if trajectory is not None else None)
     res["r1"] = retrieval_r1(model, test_pairs, max_len)
     if r1_at_init and method == "dense":
         res["r1_init"] = res["r1"]  # never trained: initialisation and end are one model

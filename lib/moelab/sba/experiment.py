@@ -587,10 +587,28 @@ class Setup:
     benches: dict = field(default_factory=dict)
     model_path: str | None = None
     mteb_tasks: dict | None = None
+    _built: dict = field(default_factory=dict, repr=False, compare=False)  # what the steps share (below), built once
 
     def evaluate(self, encode_fn):
         """(scores, per-item scores) of ``encode_fn`` on this setup's benchmarks (:mod:`moelab.sba.items`)."""
         return evaluate_with_items(encode_fn, self.benches, seed=self.seed)
+
+    def heldout_dense_emb(self):
+        """The dense model's embeddings of the held-out texts (``st_encode_fn(dense)(heldout)``), the reference of
+        every phase-(b) seed's init damage: encoded once per setup."""
+        if "heldout_emb" not in self._built:
+            was = self.dense.training  # encode() switches to eval mode: leave the dense model as it was
+            self._built["heldout_emb"] = st_encode_fn(self.dense)(list(self.heldout))
+            self.dense.train(was)
+        return self._built["heldout_emb"]
+
+    def layout_template(self):
+        """The nomic-layout MoE of ``dense`` that phase (c) and the swap arm load a phase-(b) checkpoint into
+        (:func:`load_checkpoint`, which copies it and replaces every weight, so its initialisation does not matter):
+        built once per setup instead of once per run."""
+        if "template" not in self._built:
+            self._built["template"] = build_nomic_layout_moe(self.dense, init="sparse", seed=self.seed)
+        return self._built["template"]
 
 
 def setup(cfg: SbaProfile, seed: int = 0, model_path=None, nli_path=None, mteb_path=None) -> Setup:
@@ -664,14 +682,16 @@ def _phase_b_compute(s: Setup, seed: int) -> dict:
     c, b = s.cfg, s.cfg.phase_b
     rng = np.random.default_rng([seed, 2])  # the seed draws the calibration texts of the cluster-aware init
     calib = [s.train_pairs[i][0] for i in sorted(rng.choice(len(s.train_pairs), c.n_calib, replace=False))]
-    damage = init_damage(s.dense, calib, s.heldout, seed=seed,
+    damage = init_damage(s.dense, calib, s.heldout, seed=seed, base_emb=s.heldout_dense_emb(),
                          evaluate=(lambda fn: s.evaluate(fn)[0]) if c.damage_benchmarks else None)
     start = damage["models"]["cluster (nomic layout, compensated)"]
     untrained = copy.deepcopy(start)
     at_init = _measure(start, s, evaluate=False)
     probe = RegimeProbe(start, s.probe_texts, s.subjects, c.max_tokens)
     vb = dict(batch_size=b.val_batch_size, val_batches=b.val_batches)
-    init = dict(step=0, val_mnrl=validation_mnrl(start, s.val_pairs, **vb), **probe(start))
+    # the init reading: its subject routing is the init geometry's, its probe routing the probe's own reference
+    init = dict(step=0, val_mnrl=validation_mnrl(start, s.val_pairs, **vb),
+                **probe(start, counts=at_init["counts"], routed=probe.init_idx))
     res = train_until_plateau(start, s.train_pairs, s.val_pairs, max_steps=b.steps, eval_every=b.eval_every,
                               batch_size=b.batch_size, lr=b.lr, moe_lr=b.moe_lr, seed=seed, warmup_frac=b.warmup_frac,
                               val_batches=b.val_batches, val_batch_size=b.val_batch_size, keep="last",
@@ -711,12 +731,22 @@ def phase_b_runs(s: Setup) -> dict:
     return {seed: phase_b(s, seed) for seed in (s.cfg.seeds if s.cfg.stand_in else s.cfg.seeds[:1])}
 
 
+def _phase_b_end_val(s: Setup, pb: dict, agg: str, val_batches: int) -> float | None:
+    """Phase (b)'s validation MNRL at its checkpoint (its last evaluation) when phase (c)'s starting loss is that very
+    measurement: linear aggregation (phase (b)'s), the same validation batches, the checkpoint at the last step
+    (``keep="last"``). None otherwise."""
+    end = pb["trajectory"].iloc[-1]
+    if agg != "linear" or val_batches != s.cfg.phase_b.val_batches or int(end["step"]) != int(pb["steps"]):
+        return None
+    return float(end["val_mnrl"])
+
+
 def _phase_c_compute(s: Setup, pb: dict, agg: str, seed: int) -> dict:
     c = s.cfg.phase_c
-    template = build_nomic_layout_moe(s.dense, init="sparse", seed=seed)  # the layout; weights from the checkpoint
-    m = load_checkpoint(template, pb["checkpoint"], agg)
+    m = load_checkpoint(s.layout_template(), pb["checkpoint"], agg)  # the layout; weights from the checkpoint
     vb = dict(batch_size=s.cfg.phase_b.val_batch_size, val_batches=c.val_batches)
-    val0 = validation_mnrl(m, s.val_pairs, **vb)
+    val0 = _phase_b_end_val(s, pb, agg, c.val_batches)  # linear: measured at phase (b)'s last evaluation
+    val0 = validation_mnrl(m, s.val_pairs, **vb) if val0 is None else val0
     res = train_until_plateau(m, s.train_pairs, s.val_pairs, max_steps=c.max_steps, eval_every=c.eval_every,
                               window=c.window, min_rel_improvement=c.min_rel_improvement, batch_size=c.batch_size,
                               lr=c.lr, seed=seed, warmup_frac=c.warmup_frac, val_batches=c.val_batches,
@@ -765,8 +795,7 @@ def swap_runs(s: Setup, pbs: dict) -> dict:
                 out[(a, seed)] = _nomic_measure_memo(s, a)
                 continue
             out[(a, seed)] = memo("sba_swap", dict(v=2, b=_phase_b_conf(s, seed), agg=a), lambda a=a, pb=pb, seed=seed:
-                                  _measure(swap_aggregation(build_nomic_layout_moe(s.dense, init="sparse", seed=seed),
-                                                            pb["checkpoint"], a), s))
+                                  _measure(swap_aggregation(s.layout_template(), pb["checkpoint"], a), s))
     return out
 
 

@@ -102,13 +102,21 @@ class RegimeProbe:
         self.init_idx = routed_experts(init_model, st_forward_fn(init_model), self.probe_texts)
 
     @torch.no_grad()
-    def __call__(self, model) -> dict:
+    def __call__(self, model, counts=None, routed=None) -> dict:
+        """The readings of ``model``. ``counts`` (its routing counts on ``subjects``, e.g.
+        :func:`moelab.sba.geometry.collect_geometry`'s, same ``max_tokens``) and ``routed`` (its
+        :func:`moelab.sba.geometry.routed_experts` of the probe texts, e.g. ``init_idx`` for the initial model) are
+        used instead of running those forward passes again when the caller has them."""
         was = model.training
         model.eval()
         try:
             sim = float(np.mean([expert_similarity(layer) for layer in moe_layers(model)]))
-            jsd = routing_jsd(routing_counts(model, self.subjects, self.max_tokens)).set_index("layer")
-            agree = top_agreement(self.init_idx, routed_experts(model, st_forward_fn(model), self.probe_texts))
+            if counts is None:
+                counts = routing_counts(model, self.subjects, self.max_tokens)
+            jsd = routing_jsd(counts).set_index("layer")
+            if routed is None:
+                routed = routed_experts(model, st_forward_fn(model), self.probe_texts)
+            agree = top_agreement(self.init_idx, routed)
         finally:
             model.train(was)
         return dict(expert_similarity=sim, routing_jsd_bits=float(jsd.loc["mean", "jsd_bits"]), **agree)

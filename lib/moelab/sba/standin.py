@@ -44,8 +44,8 @@ from .geometry import st_forward_fn
 from .method import check_aggregation, set_aggregation
 
 __all__ = ["NOMIC_LAYOUT", "build_moe_minilm", "build_nomic_layout_moe", "build_nomic_layout_minilm",
-           "calibration_inputs", "kept_weight_mass", "compensation_factors", "compensate_init", "st_encode_fn",
-           "embedding_cosine_to_dense", "init_damage", "upcycling_exactness"]
+           "calibration_inputs", "kept_weight_mass", "kept_weight_masses", "compensation_factors", "compensate_init",
+           "st_encode_fn", "embedding_cosine_to_dense", "init_damage", "upcycling_exactness"]
 
 # nomic-embed-text-v2-moe's MoE layout (docs/reference-facts.md): odd layers, 8 experts, top-2 unnormalised, shared bias
 NOMIC_LAYOUT = dict(layers="every_other", num_experts=8, top_k=2, renormalize=False, shared_bias=True)
@@ -147,27 +147,41 @@ def kept_weight_mass(model, layer, texts, forward_fn=None) -> float:
     SentenceTransformer) and returns the padding mask over the tokens the layer saw, in order (None: real tokens
     only, as nomic). The mask comes from the forward function, not from the layer's ``token_mask``: recent
     sentence-transformers call the BERT model's ``forward`` directly, which skips the hooks that set it."""
+    return kept_weight_masses(model, texts, forward_fn, layers=[layer])[0]
+
+
+@torch.no_grad()
+def kept_weight_masses(model, texts, forward_fn=None, layers=None) -> list[float]:
+    """:func:`kept_weight_mass` of every MoE layer in ``layers`` (default: all of ``model``'s, in order) from ONE
+    forward pass over ``texts`` (each layer's number equals its own pass's: the layers are only observed)."""
     texts = list(texts or [])
     if not texts:
         raise ValueError("kept_weight_mass needs calibration texts (got none)")
-    sums = []
+    layers = list(moe_layers(model) if layers is None else layers)
+    sums = [[] for _ in layers]
 
-    def hook(mod, args, out):
-        sums.append(mod.last_route.weights.detach().double().sum(-1).cpu())  # Σ_{i ∈ top-k} w_i   [T]
+    def hook(i):
+        def fn(mod, args, out):
+            sums[i].append(mod.last_route.weights.detach().double().sum(-1).cpu())  # Σ_{i ∈ top-k} w_i   [T]
+        return fn
 
-    handle = layer.register_forward_hook(hook)
+    handles = [layer.register_forward_hook(hook(i)) for i, layer in enumerate(layers)]
     try:
         mask = (forward_fn or st_forward_fn(model))(texts)
     finally:
-        handle.remove()
-    s = torch.cat(sums) if sums else torch.zeros(0, dtype=torch.float64)
-    if mask is not None:
-        if mask.numel() != s.numel():
-            raise ValueError(f"forward_fn returned a mask over {mask.numel()} tokens, the layer saw {s.numel()}")
-        s = s[mask.reshape(-1).bool().cpu()]
-    if s.numel() == 0:
-        raise ValueError("the MoE layer saw no real tokens on the calibration texts")
-    return float(s.mean())
+        for h in handles:
+            h.remove()
+    out = []
+    for per_layer in sums:
+        s = torch.cat(per_layer) if per_layer else torch.zeros(0, dtype=torch.float64)
+        if mask is not None:
+            if mask.numel() != s.numel():
+                raise ValueError(f"forward_fn returned a mask over {mask.numel()} tokens, the layer saw {s.numel()}")
+            s = s[mask.reshape(-1).bool().cpu()]
+        if s.numel() == 0:
+            raise ValueError("the MoE layer saw no real tokens on the calibration texts")
+        out.append(float(s.mean()))
+    return out
 
 
 @torch.no_grad()
@@ -223,35 +237,41 @@ def st_encode_fn(st, batch_size: int = 64):
 
 
 @torch.no_grad()
-def embedding_cosine_to_dense(model, dense, texts, batch_size: int = 64) -> np.ndarray:
-    """cos(emb_model(t), emb_dense(t)) per text [N] (1 = the upcycled model embeds the text as the dense model)."""
+def embedding_cosine_to_dense(model, dense, texts, batch_size: int = 64, dense_emb=None) -> np.ndarray:
+    """cos(emb_model(t), emb_dense(t)) per text [N] (1 = the upcycled model embeds the text as the dense model);
+    ``dense_emb``: ``st_encode_fn(dense, batch_size)(texts)`` when already computed (it is not encoded again)."""
     texts = list(texts)
     if not texts:
         raise ValueError("embedding_cosine_to_dense needs texts")
     a = torch.as_tensor(st_encode_fn(model, batch_size)(texts))
-    b = torch.as_tensor(st_encode_fn(dense, batch_size)(texts))
+    b = torch.as_tensor(st_encode_fn(dense, batch_size)(texts) if dense_emb is None else dense_emb)
+    if b.shape != a.shape:
+        raise ValueError(f"dense_emb has shape {tuple(b.shape)}, the model's embeddings {tuple(a.shape)}")
     return F.cosine_similarity(a.double(), b.double(), dim=-1).numpy()
 
 
 def init_damage(base, calib_texts, texts, *, compensation_texts=None, evaluate=None, seed: int = 0,
-                init: str = "cluster", build_kw: dict | None = None, base_scores: pd.DataFrame | None = None) -> dict:
+                init: str = "cluster", build_kw: dict | None = None, base_scores: pd.DataFrame | None = None,
+                base_emb=None) -> dict:
     """What nomic-layout upcycling costs at init, with and without compensation (phase (a); notebook 02_sba).
 
     Builds the nomic-layout MoE of ``base`` (``init``, calibrated on ``calib_texts``), copies it and compensates the
     copy on ``compensation_texts`` (default ``calib_texts``); on held-out ``texts`` measures the sentence-embedding
     cosine to ``base`` and, with ``evaluate(encode_fn) -> table [benchmark, metric, score, ...]``
     (``moelab.suite.embed.evaluate``), the benchmarks of all three (dense included; ``base_scores``: the dense model's
-    table when it was already scored, so it is not evaluated twice). Returns dict(table: one row per
+    table when it was already scored, so it is not evaluated twice). ``base_emb``: ``st_encode_fn(base)(texts)``
+    when already computed (else encoded here, once for both cosines). Returns dict(table: one row per
     model [model, compensated, cos_mean, cos_min, cos_median, kept_mass_mean (mean over layers)], scores (long table
     or None), factors (per layer), models {name: model})."""
     raw = build_nomic_layout_moe(base, init=init, calib_texts=calib_texts, seed=seed, **(build_kw or {}))
     comp = copy.deepcopy(raw)
     factors = compensate_init(comp, compensation_texts if compensation_texts is not None else calib_texts)
-    held_out_mass = [kept_weight_mass(raw, layer, texts) for layer in moe_layers(raw)]
+    held_out_mass = kept_weight_masses(raw, texts)  # every layer from one pass over the held-out texts
     models = {"dense": base, f"{init} (nomic layout)": raw, f"{init} (nomic layout, compensated)": comp}
+    ref = st_encode_fn(base)(list(texts)) if base_emb is None else base_emb  # the dense embeddings, once
     rows, scores = [], []
     for name, m in models.items():
-        cos = embedding_cosine_to_dense(m, base, texts) if m is not base else np.ones(len(list(texts)))
+        cos = embedding_cosine_to_dense(m, base, texts, dense_emb=ref) if m is not base else np.ones(len(list(texts)))
         rows.append(dict(model=name, compensated=m is comp, cos_mean=float(cos.mean()), cos_min=float(cos.min()),
                          cos_median=float(np.median(cos)),
                          kept_mass_mean=np.nan if m is base else float(np.mean(held_out_mass))))
