@@ -48,7 +48,7 @@ __all__ = ["sinusoidal_positions", "StackedMoETransformer", "train_stacked", "lr
            "run_naive_groups", "eval_per_sequence", "evaluate_stacked", "collect_routing", "SynthSetup", "EVAL_SPLITS", "reference_levels",
            "run_naive", "run_mass", "run_from_config", "GLUE_METHODS", "GlueStandinConfig", "MiniLMClassifier",
            "BertPoolerClassifier", "glue_standin", "run_glue_standin", "resolve_device", "DEVICES", "NGRAM_K_GRID", "mass_config",
-           "cached_reference_levels", "naive_frontier", "mass_start_runs", "topk_sweep", "task_digest",
+           "cached_reference_levels", "TRAINED", "naive_frontier", "mass_start_runs", "topk_sweep", "task_digest",
            "run_glue_standin_cached", "glue_part"]
 
 
@@ -591,28 +591,48 @@ def run_naive(setup: SynthSetup, configs: list[tuple[int, int, int]], keep_routi
 
 
 def run_naive_groups(setup: SynthSetup, configs: list[tuple[int, int, int]], keep_routing: bool = False,
-                     cache=None) -> dict:
+                     cache=None, trained: dict | None = None) -> dict:
     """:func:`run_naive` one expert count at a time, each group through ``cache(kind, key, compute)`` (e.g.
     :func:`moelab.cache.memo`; None: no cache), so a stopped long profile resumes group by group (a long
     profile is resumable run by run).  Same return value as :func:`run_naive` on all ``configs``, in their order; each group's
     models get the seeds :func:`run_naive` gives them, so the numbers do not depend on the grouping except through
-    stacking (models are independent)."""
+    stacking (models are independent).
+
+    ``trained`` (optional, a dict kept across calls, e.g. :data:`TRAINED`): every model trained or loaded here is
+    recorded in it by setup and config, and a config already recorded for the same setup is taken from it instead of
+    being trained again (notebook 04's top-k sweep at E = 4 holds three models of the naive grid).  Groups keep their
+    routing so that any recorded model can serve a ``keep_routing`` call.  A model's numbers do not depend on the
+    other models of its stack (disjoint parameters, per-model batched matmuls, elementwise Adam; the same draw of
+    training batches), so a reused model is the one a fresh stack would train."""
     groups: dict[int, list[int]] = {}
     for i, (E, _, _) in enumerate(configs):
         groups.setdefault(E, []).append(i)
+    skey = json.dumps(setup.key(), sort_keys=True, default=str)
+    runs = {} if trained is None else trained                            # (setup, config) -> that model's results
     items = np.zeros((len(configs), setup.n_test))
     tables, hists, routing, probs = [None] * len(configs), [], {}, {}
     for E, idx in groups.items():
-        cf = [tuple(configs[i]) for i in idx]
-        compute = (lambda cf=cf: run_naive(setup, cf, keep_routing=keep_routing))
-        res = compute() if cache is None else cache("mass_naive_group", dict(setup=setup.key(), configs=cf,
-                                                                              keep_routing=keep_routing), compute)
-        items[idx] = res["item_losses"]
-        for j, i in enumerate(idx):
-            tables[i] = res["table"].iloc[j]
+        cf = [tuple(int(v) for v in configs[i]) for i in idx]
+        todo = [c for c in dict.fromkeys(cf) if (skey, c) not in runs]
+        if todo:
+            keep = keep_routing or trained is not None
+            compute = (lambda todo=todo, keep=keep: run_naive(setup, todo, keep_routing=keep))
+            res = compute() if cache is None else cache("mass_naive_group", dict(setup=setup.key(), configs=todo,
+                                                                                  keep_routing=keep), compute)
+            h = res["history"]
+            for j, c in enumerate(todo):
+                runs[(skey, c)] = dict(row=res["table"].iloc[j], items=res["item_losses"][j],
+                                       history=h[(h.num_experts == c[0]) & (h.top_k == c[1]) & (h.seed == c[2])],
+                                       routing=res["routing"].get(j), probs=res["probs"].get(j))
+        for i, c in zip(idx, cf):
+            r = runs[(skey, c)]
+            items[i], tables[i] = r["items"], r["row"]
             if keep_routing:
-                routing[i], probs[i] = res["routing"][j], res["probs"][j]
-        hists.append(res["history"])
+                if r["routing"] is None:
+                    raise ValueError(f"naive model {c} was recorded without routing: pass keep_routing=True")
+                routing[i], probs[i] = r["routing"], r["probs"]
+        hists.append(pd.concat([runs[(skey, c)]["history"] for c in cf])
+                     .sort_values("step", kind="stable"))                # run_naive's order: step, then stack
     return dict(table=pd.DataFrame(tables).reset_index(drop=True).astype(
                     {"num_experts": int, "top_k": int, "seed": int}),
                 item_losses=items, history=pd.concat(hists, ignore_index=True), routing=routing, probs=probs)
@@ -994,12 +1014,15 @@ def cached_reference_levels(setup: SynthSetup, cache=memo) -> pd.DataFrame:
     return cache("mass_reference_levels", dict(setup=setup.key()), lambda: reference_levels(setup))
 
 
-def naive_frontier(setup: SynthSetup, counts, ks, seeds, cache=memo) -> dict:
+TRAINED: dict = {}   # the naive models this process trained or loaded, by setup and config (run_naive_groups)
+
+
+def naive_frontier(setup: SynthSetup, counts, ks, seeds, cache=memo, trained: dict | None = TRAINED) -> dict:
     """The naive grid of Fig. 2 left (MASS Sec. 4.3; notebook 04 section 2): every (E, min(k, E), seed), cached per
-    expert count (:func:`run_naive_groups`).  Returns its dict plus ``items``: DataFrame(num_experts, top_k, seed,
-    item, loss) of per-sequence target NLL."""
+    expert count (:func:`run_naive_groups`, its models recorded in ``trained`` for the top-k sweep).  Returns its
+    dict plus ``items``: DataFrame(num_experts, top_k, seed, item, loss) of per-sequence target NLL."""
     configs = list(dict.fromkeys((int(E), min(int(k), int(E)), int(s)) for E in counts for k in ks for s in seeds))
-    res = run_naive_groups(setup, configs, cache=cache)
+    res = run_naive_groups(setup, configs, cache=cache, trained=trained)
     res["items"] = pd.concat([pd.DataFrame(dict(num_experts=r.num_experts, top_k=r.top_k, seed=r.seed,
                                                 item=np.arange(len(l)), loss=np.round(l, 5)))
                               for r, l in zip(res["table"].itertuples(), res["item_losses"])], ignore_index=True)
@@ -1029,12 +1052,13 @@ def mass_start_runs(setup: SynthSetup, starts, seeds, cache=memo) -> dict:
                 by_start=by_start, configs=configs)
 
 
-def topk_sweep(setup: SynthSetup, num_experts: int, ks, seeds, cache=memo) -> dict:
+def topk_sweep(setup: SynthSetup, num_experts: int, ks, seeds, cache=memo, trained: dict | None = TRAINED) -> dict:
     """Naive models with ``num_experts`` experts over top-k (Fig. 2 right; notebook 04 section 4), routing kept for
-    Fig. 3 (the naive arm at a matched pool)."""
+    Fig. 3 (the naive arm at a matched pool).  Models the naive grid already trained in this process (``trained``:
+    the grid's (E, k, seed) at the same E) are reused, not trained again (:func:`run_naive_groups`)."""
     E = int(np.clip(num_experts, 1, setup.max_experts))
     configs = [(E, int(k), int(s)) for k in sorted(set(ks)) if k <= E for s in seeds]
-    return run_naive_groups(setup, configs, keep_routing=True, cache=cache)
+    return run_naive_groups(setup, configs, keep_routing=True, cache=cache, trained=trained)
 
 
 def task_digest(task: dict) -> str:
