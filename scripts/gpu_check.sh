@@ -10,9 +10,12 @@
 # (--profile --device cuda: top ops and host syncs per call, issue 50), and prints one summary: passed / failed /
 # needs assets (tests that failed or skipped for want of the asset cache) / skipped. Without a CUDA device it says so,
 # runs the tests all the same (the `cuda`-marked ones are skipped) and leaves out the benchmark.
-# Files: OUT (default runs/gpu_check/): suite.xml, cuda.xml, device.json, *.log, profile.txt, summary.txt, summary.json
-# and a copy of the benchmark JSON (written to benchmarks/results/moe_layer_cuda_<card>.json). Exit status 1 when a
-# test failed.
+# With --dry-run DIR it then rehearses the paper profile of 01-05 (issue 51; docs/paper-scale.md) on the stand-ins in
+# DIR (written by scripts/make_paper_standins.py, here or on another machine: the paths in DIR/NN.params are moved to
+# DIR), device "auto" (CUDA and bf16 when present), each timed, and adds a "dry run" line to the summary.
+# Files: OUT (default runs/gpu_check/): suite.xml, cuda.xml, device.json, *.log, profile.txt, summary.txt, summary.json,
+# dryrun_NN.log and dryrun.tsv, and a copy of the benchmark JSON (written to
+# benchmarks/results/moe_layer_cuda_<card>.json). Exit status 1 when a test or a dry run failed.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -27,12 +30,15 @@ Options:
   --no-install          do not pip install the repository (it is importable already)
   --bench-repeats N     interleaved repeats of the GPU benchmark (default 20)
   --suite-timeout S     stop the whole-suite run after S seconds (default 330: the check aims at 6 minutes)
+  --dry-run DIR         after the tests, the paper dry run of every notebook with a DIR/NN.params (stand-ins)
+  --dry-nbs "01 05"     only these notebooks' dry runs (default: 01 02 03 04 05)
+  --skip-tests          leave out the test suite and the cuda-marked tests (e.g. the dry run alone)
   --tests PATH...       run only these test paths (all remaining arguments) instead of tests/
 EOF
 }
 
 PY=""; WHEELS=""; BUILD=""; PYVER="3.12"; OUT="$ROOT/runs/gpu_check"; JOBS=""; INSTALL=1; REPEATS=20
-SUITE_TIMEOUT=330; TESTS=()
+SUITE_TIMEOUT=330; TESTS=(); DRY=""; DRY_NBS="01 02 03 04 05"; SKIP_TESTS=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --wheels) WHEELS=${2:?--wheels needs a folder}; shift 2 ;;
@@ -44,6 +50,9 @@ while [ $# -gt 0 ]; do
     --no-install) INSTALL=0; shift ;;
     --bench-repeats) REPEATS=${2:?}; shift 2 ;;
     --suite-timeout) SUITE_TIMEOUT=${2:?}; shift 2 ;;
+    --dry-run) DRY=${2:?--dry-run needs the stand-in folder (scripts/make_paper_standins.py DIR)}; shift 2 ;;
+    --dry-nbs) DRY_NBS=${2:?}; shift 2 ;;
+    --skip-tests) SKIP_TESTS=1; shift ;;
     --tests) shift; TESTS=("$@"); break ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu_check: unknown option '$1' (see --help)" >&2; exit 2 ;;
@@ -77,7 +86,7 @@ fi
 
 T0=$SECONDS
 mkdir -p "$OUT"
-rm -f "$OUT"/suite.xml "$OUT"/cuda.xml "$OUT"/summary.txt "$OUT"/summary.json "$OUT"/profile.txt
+rm -f "$OUT"/suite.xml "$OUT"/cuda.xml "$OUT"/summary.txt "$OUT"/summary.json "$OUT"/profile.txt "$OUT"/dryrun*
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false MPLBACKEND=Agg
 export MOELAB_PROGRESS=0 PYTHONUNBUFFERED=1
 
@@ -120,6 +129,8 @@ TIMEOUT=(timeout -s INT -k 30 "$SUITE_TIMEOUT")
 command -v timeout >/dev/null || TIMEOUT=()
 
 # ------------------------------------------------------------------ 1. the whole suite, CUDA visible
+STAGES=()
+if [ "$SKIP_TESTS" = 0 ]; then
 echo "gpu_check: whole suite (${TESTS[*]}, ${JOBS} workers) ..."
 "${TIMEOUT[@]}" "$PY" -m pytest -q -p no:cacheprovider "${XDIST[@]}" --junitxml="$OUT/suite.xml" "${TESTS[@]}" \
   > "$OUT/suite.log" 2>&1
@@ -133,6 +144,8 @@ echo "gpu_check: whole suite exit $rc after $((SECONDS - T0)) s ($OUT/suite.log)
 rc=$?
 [ $rc = 5 ] && echo "gpu_check: no cuda-marked test among ${TESTS[*]}"
 echo "gpu_check: cuda-marked tests exit $rc after $((SECONDS - T0)) s ($OUT/cuda.log)"
+STAGES=(--stage "whole suite=$OUT/suite.xml" --stage "cuda-marked=$OUT/cuda.xml")
+fi
 
 # ------------------------------------------------------------------ 3. the GPU benchmark
 BENCH=()
@@ -149,11 +162,38 @@ if [ "$CUDA" = 1 ]; then
   echo "gpu_check: benchmark and profile done after $((SECONDS - T0)) s"
 fi
 
+# ------------------------------------------------------------------ 4. the paper dry run on stand-ins (issue 51)
+DRYFAIL=0
+if [ -n "$DRY" ]; then
+  DRY=$(cd "$DRY" 2>/dev/null && pwd) || { echo "gpu_check: --dry-run folder not found (make it with: $PY scripts/make_paper_standins.py DIR)" >&2; exit 2; }
+  # on the CPU one torch thread, as `make dry-run` (the stand-ins' matrices are tiny); on CUDA the device does the work
+  [ "$CUDA" = 1 ] || export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+  for nb in $DRY_NBS; do
+    if [ ! -f "$DRY/$nb.params" ]; then
+      echo "gpu_check: no $DRY/$nb.params (make it with: $PY scripts/make_paper_standins.py $DRY --only $nb)" >&2
+      printf '%s\tmissing\t0\n' "$nb" >> "$OUT/dryrun.tsv"; DRYFAIL=1; continue
+    fi
+    # the stand-ins may have been written elsewhere: every quoted path '.../NN/...' is moved under DIR/NN/
+    params=$("$PY" -c "from moelab.standins import relocated_params as r; import sys; print(r(*sys.argv[1:]))" "$DRY" "$nb")
+    t=$SECONDS
+    "$PY" -m moelab.runner run --profile paper --dry-run --only "$nb" --no-progress --params "$params" \
+      > "$OUT/dryrun_$nb.log" 2>&1
+    rc=$?; st=ok; [ $rc = 0 ] || { st=failed; DRYFAIL=1; }
+    printf '%s\t%s\t%s\n' "$nb" "$st" "$((SECONDS - t))" >> "$OUT/dryrun.tsv"
+    echo "gpu_check: dry run $nb $st in $((SECONDS - t)) s ($OUT/dryrun_$nb.log)"
+  done
+fi
+
 # ------------------------------------------------------------------ the one summary
-"$PY" scripts/gpu_check_summary.py --stage "whole suite=$OUT/suite.xml" --stage "cuda-marked=$OUT/cuda.xml" \
+"$PY" scripts/gpu_check_summary.py "${STAGES[@]}" \
   --device "$OUT/device.json" "${BENCH[@]}" "${STOPPED[@]}" --json "$OUT/summary.json" --wall $((SECONDS - T0)) | tee "$OUT/summary.txt"
 status=${PIPESTATUS[0]}
 if [ -s "$OUT/profile.txt" ]; then                                  # "## moelab_auto: host syncs per call: none"
   sed -n 's/^## \(.*\)$/  profile     : \1/p' "$OUT/profile.txt" | tee -a "$OUT/summary.txt"
 fi
+if [ -s "$OUT/dryrun.tsv" ]; then                                   # "dry run: 01 ok 40 s, 02 ok 31 s, ..."
+  echo "  dry run     : $(awk -F'\t' '{printf "%s%s %s %s s", (NR>1?", ":""), $1, $2, $3}' "$OUT/dryrun.tsv")" \
+    | tee -a "$OUT/summary.txt"
+fi
+[ "$DRYFAIL" = 1 ] && status=1
 exit "$status"

@@ -86,3 +86,17 @@ def params_text(params: dict) -> str:
     """Notebook parameters as the runner's ``--params`` / make's ``P`` string (``NAME=VALUE`` separated by spaces; a
     value is its Python literal, so a dict or a path with spaces survives the split before each ``NAME=``)."""
     return " ".join(f"{k}={v!r}" for k, v in params.items())
+
+
+def relocated_params(folder, nb: str) -> str:
+    """``folder/NN.params`` (written by scripts/make_paper_standins.py) with every path moved under ``folder``: the
+    stand-ins may have been written on another machine or in another clone (scripts/gpu_check.sh ``--dry-run``).  A
+    quoted path ``'<old root>/NN/<rest>'`` becomes ``'<folder>/NN/<rest>'``; other values are kept."""
+    import re
+    folder = Path(folder).resolve()
+    src = folder / f"{nb}.params"
+    if not src.is_file():
+        raise FileNotFoundError(f"no {src}: write the stand-ins first (python scripts/make_paper_standins.py {folder} "
+                                f"--only {nb})")
+    text = src.read_text().strip()
+    return re.sub(r"""(['"])[^'"]*?/""" + re.escape(nb) + "/", lambda m: f"{m.group(1)}{folder / nb}/", text)
