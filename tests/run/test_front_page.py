@@ -323,3 +323,16 @@ def test_no_tracked_file_points_outside_the_repository():
 def test_the_outside_pointer_check_can_fail():
     outside = "see ../" + "shared" + "/notes/offline-assets.md"
     assert OUTSIDE.search(outside) and not OUTSIDE.search("docs/offline-assets.md")
+
+
+def test_lanes_span_is_first_start_to_last_finish():
+    """Two lanes: a runs 10:00-10:10 and c 10:10-10:30 in one lane, b 10:00-10:25 in the other: the series took 30
+    min (the sum, 55 min, counts each alone); runs one at a time, or with a gap between them, have no common span."""
+    def row(finished, wall, lanes=2):
+        return {"finished": f"2026-11-28 {finished}:00 UTC", "wall_time_s": wall, "lanes": lanes}
+    rows = [row("10:10", 600), row("10:25", 1500), row("10:30", 1200)]
+    assert cli.lanes_span(rows) == {"lanes": 2, "s": 1800.0}
+    assert cli.lanes_span([row("10:10", 600), row("10:30", 1200, lanes=None)]) is None
+    assert cli.lanes_span([row("10:10", 600), row("12:30", 1200)]) is None          # two occasions
+    assert cli.lanes_span([row("10:10", 600, lanes=1)]) is None
+    assert cli.lanes_span([]) is None

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import datetime as dt
 import json
 import os
 import re
@@ -728,7 +729,30 @@ def timings_markdown(root: Path | None = None) -> str:
     default = [r for r in rows if r["profile"] == "default"]
     total = _total(default)
     lines += ["", f"Total of the `default` rows: {total:.0f} s ({total / 60:.1f} min)." + total_caveat(default)]
+    span = lanes_span(default)
+    if span:
+        lines[-1] += (f" They ran in {span['lanes']} lanes (`make figures`, issue 49): the series took {span['s']:.0f} s "
+                      f"({span['s'] / 60:.1f} min) from the first notebook's start to the last one's finish.")
     return "\n".join(lines) + "\n"
+
+
+def lanes_span(rows: list[dict]) -> dict | None:
+    """The wall time of a series that ran side by side: when every row records lanes > 1 and the runs overlap into one
+    stretch (start = finished - wall time), ``{"lanes", "s"}`` with ``s`` = last finish - first start; else None (runs
+    made one at a time, or on different occasions, have no common wall time: their sum is the series' time)."""
+    if not rows or any(not r.get("lanes") or r["lanes"] < 2 or not r.get("wall_time_s") for r in rows):
+        return None
+    try:
+        spans = sorted((end - dt.timedelta(seconds=r["wall_time_s"]), end) for r in rows
+                       for end in [dt.datetime.strptime(r["finished"], "%Y-%m-%d %H:%M:%S UTC")])
+    except (KeyError, TypeError, ValueError):
+        return None
+    reach = spans[0][1]
+    for start, end in spans[1:]:
+        if start > reach + dt.timedelta(seconds=60):   # a gap: not one run of the series
+            return None
+        reach = max(reach, end)
+    return {"lanes": max(r["lanes"] for r in rows), "s": (reach - spans[0][0]).total_seconds()}
 
 
 def _total(rows: list[dict]) -> float:
@@ -777,6 +801,9 @@ def readme_timings_markdown(root: Path | None = None) -> str:
     default = [r for r in rows if r["profile"] == "default"]
     full = [r for r in rows if r["profile"] == "full"]
     lines.append(f"| **total** | **{_human(_total(default))}** | {_human(_total(full))} |")
+    span = lanes_span(default)
+    if span:
+        lines.append(f"| **`make figures` wall time, {span['lanes']} lanes** | **{_human(span['s'])}** | |")
     caveat = total_caveat(default, these="the `default` runs").strip()
     return "\n".join(lines) + ("\n\n" + caveat if caveat else "")
 
