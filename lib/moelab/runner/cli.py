@@ -29,7 +29,8 @@ source and imported moelab modules are unchanged (content hashes in its ``proven
 figures: :mod:`moelab.runner.markdown`); ``notebook-md FOLDER`` rewrites it from the kept executed notebook, and ``timings``
 regenerates ``docs/timings.md`` from the committed ``provenance.json`` files.
 
-``--jobs N`` (issue 49; ``make figures`` passes ``JOBS``, 2 by default) runs N notebooks side by side, longest first,
+``--jobs N`` (issue 49; ``make figures`` passes ``JOBS``, 2 by default) runs N notebooks side by side (the queue that ends soonest by
+``provenance.json``'s recorded times, :func:`moelab.runner.lanes.lane_order`),
 each in a process of its own on one torch thread with its output in ``runs/<profile>/<nb>.log``
 (:mod:`moelab.runner.lanes`); ``--jobs 1``, the default here, is the one-at-a-time runner described above.
 """
@@ -347,7 +348,7 @@ def cmd_run(a) -> int:
 
 def run_in_lanes(a, nbs: list[Path], per_nb: dict[str, dict], publish: bool) -> int:
     """``run --jobs N`` with N > 1 (issue 49): skip the current notebooks (as one lane does), run the others in N
-    lanes longest first (:mod:`moelab.runner.lanes`: each in a process of its own on one torch thread, its output in
+    lanes, in the order that ends soonest (:mod:`moelab.runner.lanes`: each in a process of its own on one torch thread, its output in
     ``runs/<profile>/<nb>.log``), then print the table of what ran and, as one lane does, regenerate the results and
     timings. Exits 1 naming each failed notebook and its log, 130 after Ctrl-C (every published folder of a stopped
     notebook as it was)."""
@@ -360,7 +361,7 @@ def run_in_lanes(a, nbs: list[Path], per_nb: dict[str, dict], publish: bool) -> 
     by_name = {src.stem: src for src in todo}
     logs = RUNS / a.profile
     tasks = []
-    for name in lanes.longest_first(list(by_name), walls):
+    for name in lanes.lane_order(list(by_name), walls, a.jobs):
         spec = {"src": str(by_name[name]), "profile": a.profile, "seed": a.seed, "params": per_nb[name],
                 "publish": publish, "progress": not a.no_progress, "timeout": a.cell_timeout, "cold": a.cold,
                 "jobs": a.jobs, "runs": str(RUNS), "status": str(logs / f"{name}.status.json")}
@@ -368,7 +369,8 @@ def run_in_lanes(a, nbs: list[Path], per_nb: dict[str, dict], publish: bool) -> 
                                 logs / f"{name}.log", logs / f"{name}.status.json", walls[name],
                                 folders[name] / "provenance.json"))
     if tasks:
-        print(f"{len(tasks)} notebook(s) in {min(a.jobs, len(tasks))} lane(s), longest first: "
+        print(f"{len(tasks)} notebook(s) in {min(a.jobs, len(tasks))} lane(s), in the order that ends soonest by the "
+              "last recorded times: "
               + ", ".join(f"{t.name} ({'last ' + lanes.clock(t.expected_s) if t.expected_s else 'no time recorded'})"
                           for t in tasks), flush=True)
     results, interrupted = lanes.run_lanes(tasks, a.jobs, live=not a.no_progress, fail_fast=a.fail_fast)
@@ -874,7 +876,7 @@ def main(argv=None) -> int:
                         "wall time is a cold one; what it builds is copied into the cache afterwards")
     r.add_argument("--fail-fast", action="store_true")
     r.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="run N notebooks side by side, longest first, each on one torch thread, each one's output "
+                   help="run N notebooks side by side (the order that ends soonest by the recorded times), each on one torch thread, each one's output "
                         "in runs/<profile>/<nb>.log (default 1: one at a time, as before; make figures: JOBS=2)")
     r.add_argument("--no-progress", action="store_true")
     r.add_argument("--cell-timeout", type=int, default=None, help="seconds per cell (default: none)")

@@ -7,8 +7,9 @@ a time:
 
 - **One torch thread per kernel** (``OMP_NUM_THREADS=MKL_NUM_THREADS=1``), so N lanes use N cores and a published
   run's numbers do not depend on the lane count (``provenance.json`` records ``jobs`` and ``hardware.torch_threads``).
-- **Longest first** (:func:`longest_first`): by the wall time each notebook's folder recorded in ``provenance.json``;
-  a notebook with none recorded goes first (it may be the longest).
+- **Order** (:func:`lane_order`): by the wall time each notebook's folder recorded in ``provenance.json``, the queue
+  whose simulated finish is soonest (longest first unless another order ends sooner); a notebook with none recorded
+  goes first (it may be the longest).
 - **A readable terminal** (:class:`Board`): one status line per running notebook (name, cell i/n, elapsed, time left
   from the last recorded run) redrawn in place on a terminal, printed every :data:`LOG_EVERY_S` seconds into a log;
   each notebook's own output (progress bars as plain lines) goes to ``runs/<profile>/<nb>.log``; at the end a table of
@@ -56,6 +57,38 @@ def longest_first(names: list[str], walls: dict[str, float | None]) -> list[str]
     longest), then the others by decreasing recorded wall time (ties keep the given order)."""
     pos = {n: i for i, n in enumerate(names)}
     return sorted(names, key=lambda n: (walls.get(n) is not None, -(walls.get(n) or 0.0), pos[n]))
+
+
+def makespan(order: list[str], walls: dict[str, float], jobs: int) -> float:
+    """When the last of ``order`` finishes if each notebook, in turn, starts in the lane that frees first and takes
+    its recorded time (the lanes' dynamic queue, :func:`run_lanes`)."""
+    free = [0.0] * max(1, jobs)
+    for n in order:
+        i = free.index(min(free))
+        free[i] += walls[n]
+    return max(free)
+
+
+def lane_order(names: list[str], walls: dict[str, float | None], jobs: int, exhaustive_up_to: int = 8) -> list[str]:
+    """The queue for ``jobs`` lanes: notebooks without a recorded time first (:func:`longest_first`), then the timed
+    ones in the order whose :func:`makespan` is shortest. Longest first is the start; with at most
+    ``exhaustive_up_to`` timed notebooks every order is tried (8! = 40,320 short simulations) and one is taken only if
+    it ends strictly sooner: for the six default notebooks (recorded 1,284 / 1,225 / 1,060 / 1,001 / 829 / 251 s) longest
+    first ends at 3,115 s and the best order at 2,891 s. Hand-written: a two-machine scheduling search this small needs no
+    solver library."""
+    import itertools
+    lpt = longest_first(names, walls)
+    untimed = [n for n in lpt if walls.get(n) is None]
+    timed = [n for n in lpt if walls.get(n) is not None]
+    if jobs < 2 or len(timed) < 3 or len(timed) > exhaustive_up_to:
+        return lpt
+    w = {n: float(walls[n]) for n in timed}
+    best, best_t = timed, makespan(timed, w, jobs)
+    for perm in itertools.permutations(timed):
+        t = makespan(list(perm), w, jobs)
+        if t < best_t - 1e-9:
+            best, best_t = list(perm), t
+    return untimed + best
 
 
 # ---------------------------------------------------------------- a lane's status file
@@ -269,7 +302,7 @@ def _finished_line(label: str, r: Result) -> str:
 
 def run_lanes(tasks: list[Task], jobs: int, env: dict | None = None, out=None, live: bool = True,
               fail_fast: bool = False, poll_s: float = 0.5) -> tuple[list[Result], bool]:
-    """Run ``tasks`` (in the order given: :func:`longest_first`) in at most ``jobs`` lanes; returns the results in
+    """Run ``tasks`` (in the order given: :func:`lane_order`) in at most ``jobs`` lanes; returns the results in
     the order the notebooks finished (then those stopped or never started) and whether Ctrl-C stopped the run. A
     failure never stops the other lanes; with ``fail_fast`` no new notebook starts after one."""
     board = Board(out, live)
