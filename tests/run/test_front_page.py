@@ -336,3 +336,11 @@ def test_lanes_span_is_first_start_to_last_finish():
     assert cli.lanes_span([row("10:10", 600), row("12:30", 1200)]) is None          # two occasions
     assert cli.lanes_span([row("10:10", 600, lanes=1)]) is None
     assert cli.lanes_span([]) is None
+
+
+def test_committed_figure_index_matches_the_manifests():
+    """figures/INDEX.md is what write_index makes of the committed manifests (a publish that did not commit its index,
+    or an index committed without its folder, shows here)."""
+    from moelab.runner.notebook_run import index_text
+    assert (ROOT / "figures" / "INDEX.md").read_text() == index_text(ROOT / "figures"), \
+        "figures/INDEX.md is stale: python -c 'from moelab.runner.notebook_run import write_index; write_index()'"
