@@ -66,3 +66,22 @@ def test_cold_run_builds_into_an_empty_cache_then_adopts_what_it_built(tmp_path,
     assert (got / "new" / "v.txt").read_text() == "built" and cache.is_complete(got / "new")
     assert (got / "kept" / "v.txt").read_text() == "real" and not (got / "half").exists()
     assert cache.adopt_entries(tmp_path / "nothing", got.parent) == 0
+
+
+def test_a_wall_clock_ratio_whose_number_reproduces_is_not_a_flip():
+    """02's training cost (% of the linear arm's s/step): committed inconclusive (interval 90-118 wider than the
+    +-10 tolerance), rerun reproduced (a narrower interval, the number 101 inside the committed one). The number
+    reproduced; the verdict moved with the load: 'ok: wall clock', counted as agreeing. Outside the interval, or a
+    claim not measured in wall time, it is a flip as before."""
+    c = dict(id="cost", claim="c", unit="% of the linear arm's s/step", verdict="inconclusive", ours=104.4,
+             ci_low=90.3, ci_high=118.5)
+    committed = {"claims": [c]}
+    fresh = {"claims": [dict(c, verdict="reproduced", ours=101.1, ci_low=95.0, ci_high=107.0)]}
+    row = cli.compare_claims(committed, fresh)[0]
+    assert row["status"] == "ok: wall clock" and cli.agrees(row)
+    assert "1 of 1 claims agree." in cli.verify_report("02", "default", [row], "abc")
+    fresh["claims"][0]["ours"] = 125.0                        # outside the committed interval
+    assert cli.compare_claims(committed, fresh)[0]["status"] == "flipped"
+    other = {"claims": [dict(c, unit="points (x100)")]}        # not a wall-clock unit: a flip stays a flip
+    assert cli.compare_claims(other, {"claims": [dict(fresh["claims"][0], ours=101.1, unit="points (x100)")]}
+                              )[0]["status"] == "flipped"
