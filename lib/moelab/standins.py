@@ -14,6 +14,7 @@ sentence-transformers folder keeps MiniLM's real weights (first layers only).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from moelab.assets import minilm_path, smollm2_path
@@ -92,7 +93,6 @@ def relocated_params(folder, nb: str) -> str:
     """``folder/NN.params`` (written by scripts/make_paper_standins.py) with every path moved under ``folder``: the
     stand-ins may have been written on another machine or in another clone (scripts/gpu_check.sh ``--dry-run``).  A
     quoted path ``'<old root>/NN/<rest>'`` becomes ``'<folder>/NN/<rest>'``; other values are kept."""
-    import re
     folder = Path(folder).resolve()
     src = folder / f"{nb}.params"
     if not src.is_file():

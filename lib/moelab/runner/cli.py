@@ -533,24 +533,24 @@ def compare_claims(committed: dict, fresh: dict) -> list[dict]:
         row = {"claim": k, "committed": a and a["verdict"], "fresh": b and b["verdict"],
                "committed_ours": a and a.get("ours"), "fresh_ours": b and b.get("ours"),
                "ci": a and (a.get("ci_low"), a.get("ci_high"))}
+        rows.append(row)
         if a is None or b is None:
             row["status"] = "new" if a is None else "missing"
-        elif a["verdict"] != b["verdict"]:
-            x, lo, hi, y = a.get("ours"), a.get("ci_low"), a.get("ci_high"), b.get("ours")
-            inside = None not in (lo, hi, y) and lo <= y <= hi
+            continue
+        x, lo, hi, y = a.get("ours"), a.get("ci_low"), a.get("ci_high"), b.get("ours")
+        inside = None not in (lo, hi, y) and lo <= y <= hi      # the fresh number in the committed interval
+        if a["verdict"] != b["verdict"]:
             row["status"] = "ok: wall clock" if _wall_clock(a) and inside else "flipped"
         elif "second" in str(a.get("unit", "")):   # wall-time measurements depend on machine load: verdict only
             row["status"] = "ok"
         else:
-            x, lo, hi, y = a.get("ours"), a.get("ci_low"), a.get("ci_high"), b.get("ours")
             if x is None or y is None:
                 ok = x is None and y is None
             elif lo is not None and hi is not None:
-                ok = lo <= y <= hi
+                ok = inside
             else:
                 ok = abs(y - x) <= FLOAT_TOL * max(1.0, abs(x))
             row["status"] = "ok" if ok else "outside"
-        rows.append(row)
     return rows
 
 

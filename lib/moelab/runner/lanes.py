@@ -25,6 +25,7 @@ own process, on torch's default thread count, with the kernel's output on this t
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -76,7 +77,6 @@ def lane_order(names: list[str], walls: dict[str, float | None], jobs: int, exha
     it ends strictly sooner: for the six default notebooks (recorded 1,284 / 1,225 / 1,060 / 1,001 / 829 / 251 s) longest
     first ends at 3,115 s and the best order at 2,891 s. Hand-written: a two-machine scheduling search this small needs no
     solver library."""
-    import itertools
     lpt = longest_first(names, walls)
     untimed = [n for n in lpt if walls.get(n) is None]
     timed = [n for n in lpt if walls.get(n) is not None]
